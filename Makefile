@@ -1,0 +1,37 @@
+# make demo   - the main job end to end on an embedded broker
+# make test   - the whole test suite
+# Both create .venv and install what they need on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+
+.PHONY: demo test protos check-python check-java clean
+
+demo: $(INSTALLED) check-java
+	$(BIN)/python examples/demo.py
+
+test: $(INSTALLED) check-java
+	$(BIN)/python -m pytest -q
+
+# Regenerate the gRPC stubs in broker/api/ from protos/ (commit the result).
+protos: $(INSTALLED)
+	$(BIN)/python -m grpc_tools.protoc -Ibroker/api=protos/pynsq/v1 \
+		--python_out=. --grpc_python_out=. --pyi_out=. broker/api/broker.proto
+
+$(INSTALLED): pyproject.toml | check-python
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install -e '.[test]'
+	touch $@
+
+check-python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
+		{ echo "Python 3.11 or newer is required ($(PYTHON) is older); set PYTHON=python3.11"; exit 1; }
+
+check-java:
+	@command -v java >/dev/null 2>&1 || \
+		{ echo "Java 17 or newer is required by Spark 4 and was not found on PATH: install a JDK 17+ (e.g. apt-get install openjdk-17-jre-headless)"; exit 1; }
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache spark-warehouse

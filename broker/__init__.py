@@ -1,0 +1,27 @@
+"""pynsq's broker: NSQ's model (topics, channels, in-flight, deferred) served over gRPC.
+
+The public surface:
+
+- ``Options``: every setting and its default (nsqd's names).
+- ``Broker``: the core, for embedding in an event loop you own.
+- ``BrokerApp``: the core with its servers, as ``pynsqd`` runs it.
+- ``EmbeddedBroker``: a broker on a free loopback port in a thread; a context manager.
+- ``Client``: a synchronous gRPC client.
+- the errors, ``BrokerError`` and its subclasses.
+"""
+
+__version__ = "0.1.0"
+
+from .app import BrokerApp  # noqa: E402
+from .client import BrokerUnavailable, Client, ClientError  # noqa: E402
+from .core import Broker  # noqa: E402
+from .embedded import EmbeddedBroker  # noqa: E402
+from .errors import (BrokerError, ChannelNotFound, InvalidChannel, InvalidMessage,  # noqa: E402
+                     InvalidRequest, InvalidTopic, LeaseNotFound, MessageTooBig, NotInFlight,
+                     TopicNotFound)
+from .options import DEFAULT_GRPC_ADDRESS, Options  # noqa: E402
+
+__all__ = ["Broker", "BrokerApp", "BrokerError", "BrokerUnavailable", "ChannelNotFound",
+           "Client", "ClientError", "DEFAULT_GRPC_ADDRESS", "EmbeddedBroker", "InvalidChannel",
+           "InvalidMessage", "InvalidRequest", "InvalidTopic", "LeaseNotFound", "MessageTooBig",
+           "NotInFlight", "Options", "TopicNotFound", "__version__"]

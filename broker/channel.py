@@ -1,0 +1,249 @@
+"""A channel: one copy of a topic's stream, shared by its consumers.
+
+Messages wait in ``_ready`` (in publish order), move in flight when handed to
+a consumer (with a deadline), and leave on FIN. A deadline that passes, a REQ,
+or the holder going away puts a message back; REQ with a delay parks it in the
+deferred queue first. ``tick`` moves due in-flight and deferred messages and
+touches only those that are due.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Iterable
+
+from .consumer import Consumer
+from .errors import InvalidRequest, NotInFlight
+from .message import Message
+from .names import is_ephemeral
+from .pqueue import DeadlineQueue
+from .stats import ChannelStats, ClientStats, LatencySample
+
+if TYPE_CHECKING:
+    from .topic import Topic
+
+
+class Channel:
+    def __init__(self, topic: "Topic", name: str) -> None:
+        self.topic = topic
+        self.name = name
+        self.ephemeral = is_ephemeral(name)
+        self.paused = False
+        self.deleted = False
+        self._broker = topic.broker
+        self._clock = topic.broker.clock
+        self._ready: deque[Message] = deque()
+        self._in_flight = DeadlineQueue()
+        self._deferred = DeadlineQueue()
+        self._consumers: list[Consumer] = []
+        self._rr = 0
+        self.message_count = 0
+        self.requeue_count = 0
+        self.timeout_count = 0
+        self.finish_count = 0
+        self.latency = LatencySample()
+
+    # -- counts -----------------------------------------------------------
+    @property
+    def depth(self) -> int:
+        return len(self._ready)
+
+    @property
+    def in_flight_count(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def deferred_count(self) -> int:
+        return len(self._deferred)
+
+    @property
+    def consumers(self) -> list[Consumer]:
+        return list(self._consumers)
+
+    # -- from the topic ---------------------------------------------------
+    def put(self, msg: Message) -> None:
+        self._ready.append(msg)
+        self.message_count += 1
+        self._pump()
+
+    def put_many(self, msgs: Iterable[Message]) -> None:
+        before = len(self._ready)
+        self._ready.extend(msgs)
+        self.message_count += len(self._ready) - before
+        self._pump()
+
+    def put_deferred(self, msg: Message, delay: float) -> None:
+        self.message_count += 1
+        self._deferred.push(msg, self._clock.monotonic() + delay)
+
+    # -- consumers --------------------------------------------------------
+    def add_consumer(self, consumer: Consumer) -> None:
+        consumer.channel = self
+        self._consumers.append(consumer)
+        self._pump()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        """The consumer is gone: what it held goes back at once.
+
+        nsqd lets such messages wait out their timeout; a consumer that has
+        disconnected can never FIN them, so waiting only delays the pipeline.
+        """
+        if consumer in self._consumers:
+            self._consumers.remove(consumer)
+        self.release(consumer)
+        if self.ephemeral and not self._consumers and not self.deleted:
+            self.topic.delete_channel(self.name)
+
+    def release(self, holder: Consumer) -> None:
+        """Requeue everything ``holder`` has in flight, ahead of newer messages."""
+        held = list(holder.in_flight.values())
+        holder.in_flight.clear()
+        for msg in held:
+            self._in_flight.cancel(msg)
+            msg.consumer = None
+        self.requeue_count += len(held)
+        self._ready.extendleft(reversed(held))
+        self._pump()
+
+    def set_rdy(self, consumer: Consumer, count: int) -> None:
+        limit = self._broker.options.max_rdy_count
+        if count < 0 or count > limit:
+            raise InvalidRequest(f"RDY {count} out of range: must be 0 to {limit} (max-rdy-count)")
+        consumer.rdy = count
+        self._pump()
+
+    def take(self, holder: Consumer, limit: int) -> list[Message]:
+        """Move up to ``limit`` ready messages in flight to ``holder`` at once.
+
+        For holders outside the round-robin (leases): it ignores RDY and does not
+        pump, and returns what it took, in order.
+        """
+        if self.paused:
+            return []
+        ready = self._ready
+        taken = []
+        for _ in range(min(limit, len(ready))):
+            msg = ready.popleft()
+            self._start_in_flight(msg, holder)
+            taken.append(msg)
+        return taken
+
+    # -- FIN / REQ / TOUCH -----------------------------------------------
+    def finish(self, consumer: Consumer, msg_id: str) -> None:
+        msg = self._held(consumer, msg_id, "FIN")
+        del consumer.in_flight[msg_id]
+        self._in_flight.cancel(msg)
+        msg.consumer = None
+        consumer.finish_count += 1
+        self.finish_count += 1
+        self.latency.add((self._clock.wall_ns() - msg.timestamp) / 1e6)
+        self._broker.on_finish(self, msg)
+        self._pump()
+
+    def requeue(self, consumer: Consumer, msg_id: str, delay: float = 0.0) -> None:
+        limit = self._broker.options.max_req_timeout / 1000
+        if delay < 0 or delay > limit:
+            raise InvalidRequest(f"REQ delay {delay * 1000:.0f} ms out of range: "
+                                 f"must be 0 to {limit * 1000:.0f} ms (max-req-timeout)")
+        msg = self._held(consumer, msg_id, "REQ")
+        del consumer.in_flight[msg_id]
+        self._in_flight.cancel(msg)
+        msg.consumer = None
+        consumer.requeue_count += 1
+        self.requeue_count += 1
+        if delay > 0:
+            self._deferred.push(msg, self._clock.monotonic() + delay)
+        else:
+            self._ready.append(msg)
+        self._pump()
+
+    def touch(self, consumer: Consumer, msg_id: str) -> None:
+        msg = self._held(consumer, msg_id, "TOUCH")
+        self._in_flight.cancel(msg)
+        self._in_flight.push(msg, self._clock.monotonic() + consumer.msg_timeout)
+
+    def _held(self, consumer: Consumer, msg_id: str, command: str) -> Message:
+        msg = consumer.in_flight.get(msg_id)
+        if msg is None:
+            raise NotInFlight(command, msg_id,
+                              f"{command} {msg_id}: message not in flight for this consumer "
+                              f"on channel {self.topic.name}/{self.name}")
+        return msg
+
+    # -- time -------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        """Requeue timed-out messages; release deferred messages that are due."""
+        timed_out = list(self._in_flight.pop_due(now))
+        for msg in timed_out:
+            holder = msg.consumer
+            if holder is not None:
+                holder.in_flight.pop(msg.id, None)
+            msg.consumer = None
+            self.timeout_count += 1
+            self._ready.append(msg)
+        due = list(self._deferred.pop_due(now))
+        self._ready.extend(due)
+        if timed_out or due:
+            self._pump()
+
+    # -- admin ------------------------------------------------------------
+    def pause(self) -> None:
+        self.paused = True
+        self._broker.on_metadata_changed()
+
+    def unpause(self) -> None:
+        self.paused = False
+        self._broker.on_metadata_changed()
+        self._pump()
+
+    def empty(self) -> None:
+        """Drop every queued, deferred and in-flight message (as nsqd does)."""
+        self._ready.clear()
+        self._deferred.clear()
+        self._in_flight.clear()
+        for consumer in self._consumers:
+            consumer.in_flight.clear()
+        self._broker.on_channel_emptied(self)
+
+    def close(self) -> list[Consumer]:
+        """Forget everything; return the consumers that were attached."""
+        self.deleted = True
+        consumers = list(self._consumers)
+        self._consumers.clear()
+        self.empty()
+        return consumers
+
+    # -- delivery ---------------------------------------------------------
+    def _pump(self) -> None:
+        if self.paused or not self._consumers:
+            return
+        ready = self._ready
+        consumers = self._consumers
+        n = len(consumers)
+        while ready:
+            for i in range(n):
+                consumer = consumers[(self._rr + i) % n]
+                if consumer.can_receive():
+                    self._rr = (self._rr + i + 1) % n
+                    break
+            else:
+                return
+            self._start_in_flight(ready.popleft(), consumer)
+
+    def _start_in_flight(self, msg: Message, consumer: Consumer) -> None:
+        msg.attempts += 1
+        msg.consumer = consumer
+        now = self._clock.monotonic()
+        msg.delivered_at = now
+        self._in_flight.push(msg, now + consumer.msg_timeout)
+        consumer.deliver(msg)
+
+    def stats(self) -> ChannelStats:
+        return ChannelStats(
+            name=self.name, depth=self.depth, in_flight_count=self.in_flight_count,
+            deferred_count=self.deferred_count, message_count=self.message_count,
+            requeue_count=self.requeue_count, timeout_count=self.timeout_count,
+            finish_count=self.finish_count, paused=self.paused,
+            clients=[ClientStats(c.client_id, c.rdy, len(c.in_flight), c.message_count,
+                                 c.finish_count, c.requeue_count) for c in self._consumers],
+            e2e_processing_latency=self.latency.percentiles())

@@ -1,0 +1,128 @@
+"""``pynsq``: publish, tail, stats and admin against a running broker.
+
+    pynsq pub events 'hello'              # one message
+    seq 3 | pynsq pub events              # one message per line of stdin
+    pynsq tail events -n 10               # print 10 bodies, FIN each
+    pynsq stats
+    pynsq topic pause events
+    pynsq channel empty events archive
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .client import Client, ClientError
+from .options import DEFAULT_GRPC_ADDRESS
+
+ADMIN_ACTIONS = ("create", "delete", "empty", "pause", "unpause")
+PUB_BATCH = 500
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pynsq", description="pynsq command-line client")
+    parser.add_argument("--address", default=DEFAULT_GRPC_ADDRESS,
+                        help=f"broker gRPC address host:port (default {DEFAULT_GRPC_ADDRESS})")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    pub = sub.add_parser("pub", help="publish BODY, or one message per line of stdin")
+    pub.add_argument("topic")
+    pub.add_argument("body", nargs="?")
+    pub.add_argument("--defer-ms", type=int, default=0, help="deliver no earlier than this")
+
+    tail = sub.add_parser("tail", help="print each message body on its own line and FIN it")
+    tail.add_argument("topic")
+    tail.add_argument("--channel", default="tail#ephemeral",
+                      help="channel to read (default: tail#ephemeral)")
+    tail.add_argument("-n", type=int, default=0, help="stop after N messages (0: never)")
+
+    stats = sub.add_parser("stats", help="print topics and channels with their counts")
+    stats.add_argument("--topic", default="")
+    stats.add_argument("--channel", default="")
+
+    topic = sub.add_parser("topic", help="topic admin")
+    topic.add_argument("action", choices=ADMIN_ACTIONS)
+    topic.add_argument("topic")
+
+    channel = sub.add_parser("channel", help="channel admin")
+    channel.add_argument("action", choices=ADMIN_ACTIONS)
+    channel.add_argument("topic")
+    channel.add_argument("channel")
+    return parser
+
+
+def cmd_pub(client: Client, args: argparse.Namespace) -> int:
+    if args.body is not None:
+        client.publish(args.topic, args.body.encode(), defer_ms=args.defer_ms)
+        return 0
+    if args.defer_ms:
+        raise SystemExit("pynsq pub: --defer-ms needs a BODY argument")
+    batch: list[bytes] = []
+    for line in sys.stdin.buffer:
+        line = line.rstrip(b"\r\n")
+        if line:
+            batch.append(line)
+        if len(batch) >= PUB_BATCH:
+            client.multi_publish(args.topic, batch)
+            batch = []
+    if batch:
+        client.multi_publish(args.topic, batch)
+    return 0
+
+
+def cmd_tail(client: Client, args: argparse.Namespace) -> int:
+    count = 0
+    out = sys.stdout.buffer
+    with client.subscribe(args.topic, args.channel, rdy=max(1, min(args.n or 200, 200))) as sub:
+        for msg in sub:
+            out.write(msg.body + b"\n")
+            out.flush()
+            sub.fin(msg.id)
+            count += 1
+            if args.n and count >= args.n:
+                break
+    return 0
+
+
+def cmd_stats(client: Client, args: argparse.Namespace) -> int:
+    stats = client.stats(args.topic, args.channel)
+    if not stats.topics:
+        print("no topics")
+    for t in stats.topics:
+        flag = " (paused)" if t.paused else ""
+        print(f"[{t.name}]{flag} depth: {t.depth} msgs: {t.message_count}")
+        for c in t.channels:
+            flag = " (paused)" if c.paused else ""
+            latency = " ".join(f"p{int(p.quantile * 100)}={p.value_ms:.1f}ms"
+                               for p in c.e2e_processing_latency)
+            print(f"    [{c.name}]{flag} depth: {c.depth} in-flight: {c.in_flight_count} "
+                  f"deferred: {c.deferred_count} msgs: {c.message_count} "
+                  f"fin: {c.finish_count} req: {c.requeue_count} timeout: {c.timeout_count} "
+                  f"clients: {len(c.clients)} {latency}".rstrip())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    client = Client(args.address)
+    try:
+        if args.command == "pub":
+            return cmd_pub(client, args)
+        if args.command == "tail":
+            return cmd_tail(client, args)
+        if args.command == "stats":
+            return cmd_stats(client, args)
+        client.admin(args.command, args.action, args.topic, getattr(args, "channel", ""))
+        return 0
+    except ClientError as err:
+        print(f"pynsq {args.command}: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        client.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

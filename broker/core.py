@@ -1,0 +1,258 @@
+"""The broker's core: topics, channels, consumers and leases, and nothing of any wire.
+
+One asyncio event loop owns an instance; every method is synchronous and quick,
+so no locks are needed. The servers translate requests into these calls and
+call ``tick`` often (see ``TICK_INTERVAL``) so that timed-out and deferred
+messages move within a bounded lag of their deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Iterable
+
+from .channel import Channel
+from .clock import Clock
+from .consumer import Consumer
+from .errors import (InvalidMessage, InvalidRequest, LeaseNotFound, MessageTooBig,
+                     TopicNotFound)
+from .lease import Lease, LeaseSession
+from .message import IdFactory, Message
+from .names import check_channel_name, check_topic_name
+from .options import Options
+from .stats import TopicStats
+from .topic import Topic
+
+log = logging.getLogger("pynsqd")
+
+# Seconds between ticks: the most a timeout or a deferred message can lag.
+TICK_INTERVAL = 0.01
+
+
+class Broker:
+    def __init__(self, options: Options | None = None, clock: Clock | None = None) -> None:
+        self.options = options or Options()
+        self.clock = clock or Clock()
+        self.topics: dict[str, Topic] = {}
+        self.new_id = IdFactory()
+        self.start_time = int(time.time())
+        self._sessions: dict[str, LeaseSession] = {}
+        self._leases: dict[str, Lease] = {}
+
+    # -- publishing -------------------------------------------------------
+    def publish(self, topic: str, body: bytes, *, defer_ms: int = 0) -> str:
+        """PUB, or DPUB when ``defer_ms`` > 0. Returns the message id."""
+        return self.multi_publish(topic, [body], defer_ms=defer_ms)[0]
+
+    def multi_publish(self, topic: str, bodies: Iterable[bytes], *, defer_ms: int = 0) -> list[str]:
+        """MPUB: every body is checked before any is accepted."""
+        bodies = list(bodies)
+        if not bodies:
+            raise InvalidMessage("MPUB: no messages")
+        self._check_bodies(bodies)
+        limit = self.options.max_req_timeout
+        if defer_ms < 0 or defer_ms > limit:
+            raise InvalidRequest(f"DPUB defer {defer_ms} ms out of range: must be 0 to "
+                                 f"{limit} ms (max-req-timeout)")
+        t = self.get_or_create_topic(topic)
+        now = self.clock.wall_ns()
+        new_id = self.new_id
+        msgs = [Message(new_id(), body, now) for body in bodies]
+        self.on_publish(t, msgs)
+        t.publish(msgs, defer_ms / 1000)
+        return [m.id for m in msgs]
+
+    def _check_bodies(self, bodies: list[bytes]) -> None:
+        limit = self.options.max_msg_size
+        for i, body in enumerate(bodies):
+            if not body:
+                raise InvalidMessage(f"message {i}: empty body" if len(bodies) > 1 else "empty body")
+            if len(body) > limit:
+                where = f"message {i}: " if len(bodies) > 1 else ""
+                raise MessageTooBig(f"{where}body of {len(body)} bytes is over the "
+                                    f"max-msg-size of {limit} bytes")
+
+    # -- consuming --------------------------------------------------------
+    def msg_timeout(self, requested_ms: int = 0) -> float:
+        """A consumer's timeout in seconds: its own, or the default, capped."""
+        opts = self.options
+        if requested_ms < 0:
+            raise InvalidRequest(f"msg_timeout {requested_ms} ms must not be negative")
+        if requested_ms > opts.max_msg_timeout:
+            raise InvalidRequest(f"msg_timeout {requested_ms} ms is over the max-msg-timeout "
+                                 f"of {opts.max_msg_timeout} ms")
+        return (requested_ms or opts.msg_timeout) / 1000
+
+    def subscribe(self, consumer: Consumer, topic: str, channel: str) -> Channel:
+        check_topic_name(topic)
+        check_channel_name(channel)
+        ch = self.get_or_create_topic(topic).get_or_create_channel(channel)
+        ch.add_consumer(consumer)
+        return ch
+
+    # -- leases -----------------------------------------------------------
+    def open_lease_session(self, client_id: str = "") -> LeaseSession:
+        session = LeaseSession(client_id)
+        self._sessions[session.session_id] = session
+        return session
+
+    def close_lease_session(self, session_id: str) -> None:
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return
+        ids = list(session.leases)
+        if ids:
+            log.info("lease session %s ended: requeueing %d lease(s)", session.client_id, len(ids))
+            self.requeue_leases(ids)
+
+    def reserve(self, session_id: str, topic: str, channel: str, max_messages: int,
+                msg_timeout_ms: int = 0) -> tuple[Lease | None, int]:
+        """Take up to ``max_messages`` ready messages into a new lease.
+
+        Returns (lease or None when nothing was ready, depth left behind).
+        """
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise LeaseNotFound(f"lease session {session_id!r} does not exist (it ended)")
+        if max_messages <= 0:
+            raise InvalidRequest(f"max_messages {max_messages} must be positive")
+        check_topic_name(topic)
+        check_channel_name(channel)
+        ch = self.get_or_create_topic(topic).get_or_create_channel(channel)
+        lease = Lease(session, msg_timeout=self.msg_timeout(msg_timeout_ms))
+        lease.channel = ch
+        lease.order = ch.take(lease, max_messages)
+        if not lease.order:
+            return None, ch.depth
+        session.leases[lease.lease_id] = lease
+        self._leases[lease.lease_id] = lease
+        return lease, ch.depth
+
+    def lease(self, lease_id: str) -> Lease:
+        lease = self._leases.get(lease_id)
+        if lease is None or not lease.in_flight:
+            self._forget_lease(lease_id)
+            raise LeaseNotFound(f"lease {lease_id!r} does not exist: it was finished, "
+                                f"requeued, timed out, or its session ended")
+        return lease
+
+    def finish_leases(self, lease_ids: Iterable[str]) -> tuple[int, list[str]]:
+        return self._each_lease_message(lease_ids, Channel.finish, drop=True)
+
+    def requeue_leases(self, lease_ids: Iterable[str]) -> tuple[int, list[str]]:
+        count, missing = 0, []
+        for lease_id in lease_ids:
+            lease = self._leases.get(lease_id)
+            if lease is None or lease.channel is None:
+                missing.append(lease_id)
+                continue
+            count += len(lease.in_flight)
+            if not lease.channel.deleted:
+                lease.channel.release(lease)
+            self._forget_lease(lease_id)
+        return count, missing
+
+    def touch_leases(self, lease_ids: Iterable[str]) -> tuple[int, list[str]]:
+        return self._each_lease_message(lease_ids, Channel.touch, drop=False)
+
+    def _each_lease_message(self, lease_ids: Iterable[str],
+                            action: Callable[[Channel, Consumer, str], None],
+                            drop: bool) -> tuple[int, list[str]]:
+        count, missing = 0, []
+        for lease_id in lease_ids:
+            lease = self._leases.get(lease_id)
+            if lease is None or lease.channel is None or lease.channel.deleted:
+                missing.append(lease_id)
+                self._forget_lease(lease_id)
+                continue
+            for msg_id in list(lease.in_flight):
+                action(lease.channel, lease, msg_id)
+                count += 1
+            if drop or not lease.in_flight:
+                self._forget_lease(lease_id)
+        return count, missing
+
+    def _forget_lease(self, lease_id: str) -> None:
+        lease = self._leases.pop(lease_id, None)
+        if lease is not None:
+            lease.session.leases.pop(lease_id, None)
+
+    # -- admin ------------------------------------------------------------
+    def topic(self, name: str) -> Topic:
+        check_topic_name(name)
+        try:
+            return self.topics[name]
+        except KeyError:
+            raise TopicNotFound(f"topic {name} does not exist") from None
+
+    def channel(self, topic: str, channel: str) -> Channel:
+        check_channel_name(channel)
+        return self.topic(topic).channel(channel)
+
+    def get_or_create_topic(self, name: str) -> Topic:
+        t = self.topics.get(name)
+        if t is None:
+            check_topic_name(name)
+            t = Topic(self, name)
+            self.topics[name] = t
+            self.on_topic_created(t)
+        return t
+
+    def create_channel(self, topic: str, channel: str) -> Channel:
+        check_channel_name(channel)
+        return self.get_or_create_topic(topic).get_or_create_channel(channel)
+
+    def delete_topic(self, name: str) -> None:
+        t = self.topic(name)
+        del self.topics[name]
+        t.close()
+        self.on_topic_deleted(t)
+
+    def delete_channel(self, topic: str, channel: str) -> None:
+        check_channel_name(channel)
+        self.topic(topic).delete_channel(channel)
+
+    # -- time and stats ---------------------------------------------------
+    def tick(self) -> None:
+        now = self.clock.monotonic()
+        for t in list(self.topics.values()):
+            for ch in list(t.channels.values()):
+                ch.tick(now)
+
+    def stats(self, topic: str | None = None, channel: str | None = None) -> list[TopicStats]:
+        if topic:
+            return [self.topic(topic).stats(channel or None)]
+        return [t.stats() for _, t in sorted(self.topics.items())]
+
+    # -- hooks (storage and servers override or set these) ---------------
+    def on_publish(self, topic: Topic, msgs: list[Message]) -> None:
+        pass
+
+    def on_finish(self, channel: Channel, msg: Message) -> None:
+        pass
+
+    def on_topic_created(self, topic: Topic) -> None:
+        self.on_metadata_changed()
+
+    def on_topic_deleted(self, topic: Topic) -> None:
+        self.on_metadata_changed()
+
+    def on_channel_created(self, channel: Channel) -> None:
+        self.on_metadata_changed()
+
+    def on_channel_deleted(self, channel: Channel) -> None:
+        for lease_id, lease in list(self._leases.items()):
+            if lease.channel is channel:
+                self._forget_lease(lease_id)
+        self.on_metadata_changed()
+
+    def on_channel_emptied(self, channel: Channel) -> None:
+        pass
+
+    def on_metadata_changed(self) -> None:
+        pass
+
+    def on_consumer_evicted(self, consumer: Consumer) -> None:
+        if consumer.on_evicted is not None:
+            consumer.on_evicted()

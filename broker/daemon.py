@@ -1,0 +1,75 @@
+"""``pynsqd``: the broker daemon.
+
+    pynsqd                                    # gRPC on 127.0.0.1:4170, memory only
+    pynsqd --config conf/pynsqd.toml          # options from TOML
+    pynsqd --msg-timeout 30s --max-rdy-count 5000
+
+Flags override the file, which overrides the defaults. SIGINT or SIGTERM stops
+it cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from . import __version__
+from .app import BrokerApp
+from .options import Options, option_help
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pynsqd", description="pynsq broker daemon (NSQ's model, served over gRPC)")
+    parser.add_argument("--config", metavar="FILE", help="TOML file of options")
+    parser.add_argument("--version", action="version", version=f"pynsqd {__version__}")
+    for name, (default, help_text, is_duration) in option_help().items():
+        shown = f"{default}ms" if is_duration else default
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None,
+                            type=str if is_duration or isinstance(default, str) else int,
+                            help=f"{help_text} (default: {shown!r})")
+    return parser
+
+
+def options_from_args(args: argparse.Namespace) -> Options:
+    flags = {name: value for name, value in vars(args).items()
+             if name in option_help() and value is not None}
+    if args.config:
+        return Options.from_toml(args.config, **flags)
+    return Options(**flags)
+
+
+async def serve(options: Options) -> None:
+    app = BrokerApp(options)
+    await app.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    logging.getLogger("pynsqd").info("signal received: shutting down")
+    await app.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        options = options_from_args(args)
+    except (ValueError, TypeError, OSError) as err:
+        parser.error(str(err))
+    logging.basicConfig(level=options.log_level.upper(), stream=sys.stderr,
+                        format="[pynsqd] %(asctime)s %(levelname)s: %(message)s")
+    try:
+        asyncio.run(serve(options))
+    except OSError as err:
+        logging.getLogger("pynsqd").error("%s", err)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

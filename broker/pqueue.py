@@ -1,0 +1,67 @@
+"""A deadline queue: the earliest deadline first, cancellation in O(1).
+
+Used for in-flight and deferred messages. A message is cancelled (FIN, TOUCH,
+requeue) by bumping its ``token``; its stale entry is dropped when it reaches
+the top, and the heap is rebuilt when stale entries outnumber live ones, so a
+FIN-heavy load with long timeouts cannot grow it without bound. Only due
+entries are ever visited, never the whole queue.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Iterator
+
+from .message import Message
+
+
+class DeadlineQueue:
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Message, int]] = []
+        self._seq = itertools.count()
+        self._live = 0
+
+    def __len__(self) -> int:
+        return self._live
+
+    def push(self, msg: Message, deadline: float) -> None:
+        msg.deadline = deadline
+        msg.token += 1
+        heapq.heappush(self._heap, (deadline, next(self._seq), msg, msg.token))
+        self._live += 1
+
+    def cancel(self, msg: Message) -> None:
+        """Void ``msg``'s entry; the caller knows it is in this queue."""
+        msg.token += 1
+        self._live -= 1
+        if len(self._heap) > 1024 and len(self._heap) > 4 * self._live:
+            self._compact()
+
+    def pop_due(self, now: float) -> Iterator[Message]:
+        """Yield, and remove, every message whose deadline is at or before ``now``."""
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            _, _, msg, token = heapq.heappop(heap)
+            if token == msg.token:
+                msg.token += 1
+                self._live -= 1
+                yield msg
+
+    def next_deadline(self) -> float | None:
+        heap = self._heap
+        while heap and heap[0][3] != heap[0][2].token:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def clear(self) -> list[Message]:
+        live = [entry[2] for entry in self._heap if entry[3] == entry[2].token]
+        for msg in live:
+            msg.token += 1
+        self._heap.clear()
+        self._live = 0
+        return live
+
+    def _compact(self) -> None:
+        self._heap = [entry for entry in self._heap if entry[3] == entry[2].token]
+        heapq.heapify(self._heap)

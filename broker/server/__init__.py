@@ -1,0 +1,1 @@
+"""The broker's servers: each translates one wire protocol into core calls."""

@@ -1,0 +1,64 @@
+"""Stats snapshots, and the end-to-end latency sampler behind their percentiles."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+QUANTILES = (0.5, 0.95, 0.99)
+
+
+class LatencySample:
+    """The most recent ``size`` publish-to-FIN latencies, in milliseconds."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._values: deque[float] = deque(maxlen=size)
+
+    def add(self, latency_ms: float) -> None:
+        self._values.append(latency_ms)
+
+    def extend(self, other: "LatencySample") -> None:
+        self._values.extend(other._values)
+
+    def percentiles(self) -> list[tuple[float, float]]:
+        if not self._values:
+            return []
+        ordered = sorted(self._values)
+        last = len(ordered) - 1
+        return [(q, ordered[min(last, int(q * len(ordered)))]) for q in QUANTILES]
+
+
+@dataclass
+class ClientStats:
+    client_id: str
+    ready_count: int
+    in_flight_count: int
+    message_count: int
+    finish_count: int
+    requeue_count: int
+
+
+@dataclass
+class ChannelStats:
+    name: str
+    depth: int
+    in_flight_count: int
+    deferred_count: int
+    message_count: int
+    requeue_count: int
+    timeout_count: int
+    finish_count: int
+    paused: bool
+    clients: list[ClientStats] = field(default_factory=list)
+    e2e_processing_latency: list[tuple[float, float]] = field(default_factory=list)
+
+
+@dataclass
+class TopicStats:
+    name: str
+    depth: int
+    message_count: int
+    message_bytes: int
+    paused: bool
+    channels: list[ChannelStats] = field(default_factory=list)
+    e2e_processing_latency: list[tuple[float, float]] = field(default_factory=list)
