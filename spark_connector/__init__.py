@@ -1,0 +1,13 @@
+"""pynsq's Spark connector: the ``pynsq`` data source and the writers.
+
+- ``PynsqDataSource``: ``spark.readStream.format("pynsq")`` (at-least-once reads
+  that FIN only after the micro-batch commits), ``df.writeStream.format("pynsq")``
+  and ``df.write.format("pynsq")``.
+- ``pub_to_topic(address, topic, ...)``: a ``foreachBatch`` function that
+  publishes each micro-batch from the executors.
+"""
+
+from .datasource import SCHEMA, PynsqDataSource
+from .options import OptionError
+
+__all__ = ["OptionError", "PynsqDataSource", "SCHEMA"]

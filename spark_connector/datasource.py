@@ -1,0 +1,46 @@
+"""The ``pynsq`` Spark data source: read a channel as a stream, write DataFrames to a topic.
+
+    df = (spark.readStream.format("pynsq")
+            .option("address", "127.0.0.1:4170")
+            .option("topic", "events").option("channel", "spark")
+            .load())
+
+Schema of the source (cast ``body`` as with Kafka's ``value``)::
+
+    id STRING, body BINARY, timestamp TIMESTAMP, attempts INT, topic STRING, channel STRING
+
+Installing the distribution makes ``format("pynsq")`` work in any new
+SparkSession (through the ``pyspark_pynsq`` module); ``spark.dataSource.register(
+PynsqDataSource)`` works too.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import DataSource
+
+SCHEMA = ("id STRING, body BINARY, timestamp TIMESTAMP, attempts INT, "
+          "topic STRING, channel STRING")
+
+
+class PynsqDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "pynsq"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema):
+        from .reader import PynsqStreamReader
+
+        return PynsqStreamReader(self.options)
+
+    def writer(self, schema, overwrite: bool):
+        from .writer import PynsqBatchWriter
+
+        return PynsqBatchWriter(self.options, schema)
+
+    def streamWriter(self, schema, overwrite: bool):
+        from .writer import PynsqStreamWriter
+
+        return PynsqStreamWriter(self.options, schema)

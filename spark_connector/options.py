@@ -1,0 +1,95 @@
+"""Options of the ``pynsq`` source, read and checked once, on the driver.
+
+Names are case-insensitive, as Spark's are. An unknown or missing option, or a
+bad value, raises ``OptionError`` naming it, so the query fails at start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from broker.names import is_valid_name
+
+
+class OptionError(ValueError):
+    """A missing, unknown or malformed option of the pynsq source or sink."""
+
+
+def _lower(options: Mapping[str, str]) -> dict[str, str]:
+    # Spark hands a case-insensitive dict; a plain dict may come from tests.
+    return {k.lower(): v for k, v in options.items() if k.lower() != "path"}
+
+
+def _check_unknown(given: dict[str, str], known: set[str], what: str) -> None:
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise OptionError(f"unknown option(s) for the pynsq {what}: {', '.join(unknown)} "
+                          f"(known: {', '.join(sorted(known))})")
+
+
+def _int(given: dict[str, str], name: str, default: int, minimum: int = 1) -> int:
+    raw = given.get(name.lower())
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise OptionError(f"option {name}: expected an integer, got {raw!r}") from None
+    if value < minimum:
+        raise OptionError(f"option {name}: must be at least {minimum}, got {value}")
+    return value
+
+
+def parse_addresses(raw: str | None, option: str = "address") -> list[str]:
+    """``"h1:4170,h2:4170"`` -> ["h1:4170", "h2:4170"]."""
+    if not raw or not raw.strip():
+        raise OptionError(f"option {option} is required: one or more host:port, comma-separated")
+    addresses = [a.strip() for a in raw.split(",") if a.strip()]
+    for address in addresses:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise OptionError(f"option {option}: {address!r} is not host:port")
+    return addresses
+
+
+def require_name(given: dict[str, str], name: str, kind: str) -> str:
+    value = given.get(name.lower())
+    if not value:
+        raise OptionError(f"option {name} is required")
+    if not is_valid_name(value):
+        raise OptionError(f"option {name}: invalid {kind} name {value!r} (1-64 characters of "
+                          f"[.a-zA-Z0-9_-], optionally ending in #ephemeral)")
+    return value
+
+
+@dataclass(frozen=True)
+class ReaderOptions:
+    addresses: list[str]
+    topic: str
+    channel: str
+    max_messages_per_trigger: int | None
+    msg_timeout_ms: int
+    num_partitions: int
+    timeout_ms: int
+    client_id: str
+
+    NAMES = ("address", "topic", "channel", "maxMessagesPerTrigger", "msgTimeoutMs",
+             "numPartitions", "timeoutMs", "clientId")
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> "ReaderOptions":
+        given = _lower(options)
+        _check_unknown(given, {n.lower() for n in cls.NAMES}, "source")
+        max_per_trigger = given.get("maxmessagespertrigger")
+        return cls(
+            addresses=parse_addresses(given.get("address")),
+            topic=require_name(given, "topic", "topic"),
+            channel=require_name(given, "channel", "channel"),
+            max_messages_per_trigger=(_int(given, "maxMessagesPerTrigger", 0)
+                                      if max_per_trigger is not None else None),
+            msg_timeout_ms=_int(given, "msgTimeoutMs", 60_000, minimum=1000),
+            num_partitions=_int(given, "numPartitions", 2),
+            timeout_ms=_int(given, "timeoutMs", 10_000, minimum=100),
+            client_id=given.get("clientid", ""),
+        )
