@@ -22,7 +22,7 @@ protos: $(INSTALLED)
 $(INSTALLED): pyproject.toml | check-python
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install -e '.[test]'
+	$(BIN)/python -m pip install -e '.[test]' --config-settings editable_mode=compat
 	touch $@
 
 check-python:

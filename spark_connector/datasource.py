@@ -17,9 +17,17 @@ PynsqDataSource)`` works too.
 from __future__ import annotations
 
 from pyspark.sql.datasource import DataSource
+from pyspark.sql.types import (BinaryType, IntegerType, StringType, StructField, StructType,
+                               TimestampType)
 
-SCHEMA = ("id STRING, body BINARY, timestamp TIMESTAMP, attempts INT, "
-          "topic STRING, channel STRING")
+SCHEMA = StructType([
+    StructField("id", StringType()),
+    StructField("body", BinaryType()),
+    StructField("timestamp", TimestampType()),
+    StructField("attempts", IntegerType()),
+    StructField("topic", StringType()),
+    StructField("channel", StringType()),
+])
 
 
 class PynsqDataSource(DataSource):
@@ -27,7 +35,7 @@ class PynsqDataSource(DataSource):
     def name(cls) -> str:
         return "pynsq"
 
-    def schema(self) -> str:
+    def schema(self) -> StructType:
         return SCHEMA
 
     def streamReader(self, schema):

@@ -1,0 +1,140 @@
+"""The stream reader of the ``pynsq`` source: at-least-once, FIN after commit.
+
+    spark.readStream.format("pynsq")
+         .option("address", "127.0.0.1:4170")       # one or more host:port
+         .option("topic", "events").option("channel", "spark")
+         .option("maxMessagesPerTrigger", 10000)    # optional admission control
+         .load()
+
+How a micro-batch holds its messages. Only the holder of an NSQ message may
+FIN it, yet Spark plans on the driver and reads in executors. So the driver
+*leases* each batch: ``latestOffset`` reserves up to the read limit from the
+channel into a lease owned by the driver's lease session (a stream kept open
+to each broker); executors fetch their slice of the lease by id; the driver
+FINs the lease once Spark has committed the batch, and touches it while the
+batch runs so it outlives ``msgTimeoutMs``. If the driver goes away, its session
+stream ends and the broker requeues every lease at once; if it hangs, the
+leases time out. Either way the messages are read again: at least once.
+
+When Spark lets us know a batch is done: ``commit(end)`` (only when the next
+batch has data), and ``latestOffset(start, ...)``, which Spark calls only once
+every batch ending at or before ``start`` is in the commit log — so both FIN
+everything up to their offset.
+
+Offsets are JSON dicts::
+
+    {"batch": 7,                                  # micro-batch counter of this source
+     "leases": {"0": {"address": "127.0.0.1:4170", "lease": "9f0c...", "count": 500}}}
+
+``leases`` names the leases that batch ``batch`` reads (one per broker that
+had messages); ``{"batch": 0, "leases": {}}`` is the initial offset. A batch
+replayed from the checkpoint reads its leases again if they still exist; if
+they were requeued (the old driver died), it reads nothing and the messages
+come in a later batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterator
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
+                                              SupportsTriggerAvailableNow)
+
+from .options import ReaderOptions
+from .session import BrokerUnreachable, LeaseKeeper
+
+log = logging.getLogger("pynsq.spark")
+
+# The most one lease may hold when Spark asks for everything available.
+MAX_LEASE = 1 << 30
+INITIAL_OFFSET = {"batch": 0, "leases": {}}
+
+
+@dataclass(frozen=True)
+class LeaseSlice(InputPartition):
+    """One task's share of one lease: messages ``partition::num_partitions``."""
+
+    address: str
+    lease_id: str
+    partition: int
+    num_partitions: int
+    topic: str
+    channel: str
+    timeout_s: float
+
+
+class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options) -> None:
+        self.options = ReaderOptions.parse(options)
+        self._keeper: LeaseKeeper | None = None   # driver side only, made on first use
+        self._target: dict[str, int] | None = None  # availableNow: messages left per broker
+
+    def __getstate__(self) -> dict:
+        # read() runs in executors from a pickled reader: ship the options only.
+        return {"options": self.options, "_keeper": None, "_target": None}
+
+    @property
+    def keeper(self) -> LeaseKeeper:
+        if self._keeper is None:
+            self._keeper = LeaseKeeper(self.options)
+        return self._keeper
+
+    # -- driver ------------------------------------------------------------
+    def initialOffset(self) -> dict:
+        self.keeper.ensure_channel()
+        return dict(INITIAL_OFFSET)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_messages_per_trigger:
+            return ReadMaxRows(self.options.max_messages_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self.keeper.depths()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        keeper = self.keeper
+        batch = int(start.get("batch", 0))
+        keeper.finish_through(batch, start.get("leases", {}))
+        planned = keeper.planned(batch + 1)
+        if planned is not None:
+            return planned
+        wanted = limit.max_rows if isinstance(limit, ReadMaxRows) else MAX_LEASE
+        leases = keeper.reserve(batch + 1, wanted, self._target)
+        if not leases:
+            return start
+        return {"batch": batch + 1, "leases": leases}
+
+    def reportLatestOffset(self) -> dict | None:
+        try:
+            return {"depth": sum(self.keeper.depths().values())}
+        except BrokerUnreachable:
+            return None
+
+    def partitions(self, start: dict, end: dict) -> list[LeaseSlice]:
+        if start == end:
+            return []
+        n = self.options.num_partitions
+        timeout_s = self.options.timeout_ms / 1000
+        return [LeaseSlice(lease["address"], lease["lease"], p, n, self.options.topic,
+                           self.options.channel, timeout_s)
+                for _, lease in sorted(end.get("leases", {}).items(), key=lambda kv: int(kv[0]))
+                for p in range(n)]
+
+    def commit(self, end: dict) -> None:
+        self.keeper.finish_through(int(end.get("batch", 0)), end.get("leases", {}))
+
+    def stop(self) -> None:
+        if self._keeper is not None:
+            self._keeper.close()
+            self._keeper = None
+
+    # -- executors ---------------------------------------------------------
+    def read(self, partition: LeaseSlice) -> Iterator:
+        from .fetch import fetch_slice
+
+        yield from fetch_slice(partition)
+
