@@ -32,7 +32,8 @@ def spark():
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    session = (SparkSession.builder.master("local[2]").appName("pynsq-tests")
+    # local[2,2]: two threads, and a failed task is retried once (as on a cluster).
+    session = (SparkSession.builder.master("local[2,2]").appName("pynsq-tests")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.sql.streaming.minBatchesToRetain", "5")

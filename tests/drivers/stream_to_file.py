@@ -1,0 +1,69 @@
+"""A Spark driver run as its own process by the tests: read a pynsq channel and
+append the ids of every completed micro-batch to a file.
+
+    python stream_to_file.py --address A --topic T --channel C --checkpoint DIR --out FILE
+        [--master local[2]] [--max-per-trigger N] [--available-now]
+        [--hang-on-batch N --marker FILE]
+
+With --hang-on-batch, batch N writes the marker file once its rows are read and
+then hangs, so that a test can kill the driver mid-batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for name in ("address", "topic", "channel", "checkpoint", "out"):
+        parser.add_argument(f"--{name}", required=True)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--max-per-trigger", type=int, default=0)
+    parser.add_argument("--num-partitions", type=int, default=2)
+    parser.add_argument("--available-now", action="store_true")
+    parser.add_argument("--hang-on-batch", type=int, default=-1)
+    parser.add_argument("--marker", default="")
+    args = parser.parse_args()
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master(args.master).appName("pynsq-test-driver")
+             .config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+
+    reader = (spark.readStream.format("pynsq").option("address", args.address)
+              .option("topic", args.topic).option("channel", args.channel)
+              .option("numPartitions", args.num_partitions))
+    if args.max_per_trigger:
+        reader = reader.option("maxMessagesPerTrigger", args.max_per_trigger)
+
+    def record(df, batch_id: int) -> None:
+        ids = [row.id for row in df.select("id").collect()]
+        if batch_id == args.hang_on_batch:
+            with open(args.marker, "w") as f:
+                f.write(str(len(ids)))
+            time.sleep(3600)
+        with open(args.out, "a") as f:
+            f.writelines(f"{i}\n" for i in ids)
+            f.flush()
+            os.fsync(f.fileno())
+
+    writer = (reader.load().writeStream.foreachBatch(record)
+              .option("checkpointLocation", args.checkpoint))
+    writer = (writer.trigger(availableNow=True) if args.available_now
+              else writer.trigger(processingTime="200 milliseconds"))
+    query = writer.start()
+    query.awaitTermination()
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

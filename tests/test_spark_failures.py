@@ -1,0 +1,142 @@
+"""At least once under failure: every test counts distinct message ids against
+what was published (real broker on loopback, real Spark, checkpoints on disk)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from pyspark import TaskContext
+from pyspark.errors.exceptions.captured import StreamingQueryException
+
+from .helpers import wait_for
+from .spark_helpers import Recorder, channel_stats, publish, reader
+
+DRIVER = Path(__file__).parent / "drivers" / "stream_to_file.py"
+
+
+def start(df, recorder, checkpoint, **trigger):
+    return (df.writeStream.foreachBatch(recorder).option("checkpointLocation", str(checkpoint))
+            .trigger(**(trigger or {"availableNow": True})).start())
+
+
+def wait_until_nothing_in_flight(client, topic):
+    """The broker has seen the old reader go: what it held is back in the channel."""
+    wait_for(lambda: channel_stats(client, topic).in_flight_count == 0, 60,
+             message="in-flight messages to be requeued")
+
+
+def test_a_failing_batch_fails_the_query_and_a_restart_delivers_every_message(
+        spark, broker, client, tmp_path):
+    published = publish(client, "events", 1000)
+    checkpoint = tmp_path / "ck"
+    failing = Recorder(fail_on=lambda batch_id: batch_id == 2)
+    query = start(reader(spark, broker.address, "events", maxMessagesPerTrigger=100),
+                  failing, checkpoint)
+    with pytest.raises(StreamingQueryException, match="injected failure in batch 2"):
+        query.awaitTermination(120)
+    assert len(failing.batches) == 2
+    wait_until_nothing_in_flight(client, "events")
+
+    restarted = Recorder()
+    start(reader(spark, broker.address, "events", maxMessagesPerTrigger=100),
+          restarted, checkpoint).awaitTermination(120)
+    assert set(failing.ids) | set(restarted.ids) == published
+    # Only the failed batch may be seen twice; batches that committed are not.
+    assert set(failing.ids).isdisjoint(restarted.ids)
+    assert channel_stats(client, "events").finish_count >= len(published)
+
+
+def test_a_query_stopped_mid_stream_and_restarted_loses_nothing(spark, broker, client, tmp_path):
+    published = publish(client, "events", 1500)
+    checkpoint = tmp_path / "ck"
+    first = Recorder()
+    query = start(reader(spark, broker.address, "events", maxMessagesPerTrigger=100),
+                  first, checkpoint, processingTime="50 milliseconds")
+    wait_for(lambda: len(first.batches) >= 3, 120, message="three batches")
+    query.stop()
+    assert len(set(first.ids)) < len(published)
+    wait_until_nothing_in_flight(client, "events")
+
+    second = Recorder()
+    start(reader(spark, broker.address, "events", maxMessagesPerTrigger=500),
+          second, checkpoint).awaitTermination(120)
+    assert set(first.ids) | set(second.ids) == published
+    stats = channel_stats(client, "events")
+    assert (stats.depth, stats.in_flight_count) == (0, 0)
+
+
+def _driver(broker, tmp_path, out, *extra):
+    return subprocess.Popen(
+        [sys.executable, str(DRIVER), "--address", broker.address, "--topic", "events",
+         "--channel", "spark", "--checkpoint", str(tmp_path / "ck"), "--out", str(out), *extra],
+        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def test_a_driver_killed_mid_batch_restarts_from_the_checkpoint_and_loses_nothing(
+        broker, client, tmp_path):
+    published = publish(client, "events", 1000)
+    out, marker = tmp_path / "ids.txt", tmp_path / "hanging"
+    driver = _driver(broker, tmp_path, out, "--max-per-trigger", "200",
+                     "--hang-on-batch", "2", "--marker", str(marker))
+    try:
+        wait_for(marker.exists, 180, message="the driver to reach batch 2")
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(30)
+    before = out.read_text().split()
+    assert len(before) == 400  # batches 0 and 1 completed; batch 2 was killed mid-way
+    wait_until_nothing_in_flight(client, "events")
+
+    restarted = _driver(broker, tmp_path, out, "--max-per-trigger", "200", "--available-now")
+    try:
+        assert restarted.wait(300) == 0, restarted.stderr.read().decode()[-3000:]
+    finally:
+        if restarted.poll() is None:
+            os.killpg(restarted.pid, signal.SIGKILL)
+    assert set(out.read_text().split()) == published
+
+
+def test_a_task_that_fails_once_is_retried_without_loss_or_duplicates(
+        spark, broker, client, tmp_path):
+    published = publish(client, "events", 800)
+
+    def fail_first_attempt(batches):
+        ctx = TaskContext.get()
+        if ctx.partitionId() == 0 and ctx.attemptNumber() == 0:
+            raise RuntimeError("injected task failure")
+        yield from batches
+
+    df = reader(spark, broker.address, "events", maxMessagesPerTrigger=200, numPartitions=2)
+    df = df.mapInArrow(fail_first_attempt, df.schema)
+    recorder = Recorder()
+    start(df, recorder, tmp_path / "ck").awaitTermination(180)
+    assert recorder.duplicates() == {}
+    assert set(recorder.ids) == published
+    assert channel_stats(client, "events").finish_count == len(published)
+
+
+def test_a_batch_running_longer_than_msg_timeout_keeps_its_messages(
+        spark, broker, client, tmp_path):
+    published = publish(client, "events", 200)
+    seen_attempts = []
+
+    def slow(df, batch_id):
+        rows = df.select("id", "attempts").collect()
+        seen_attempts.extend((r.id, r.attempts) for r in rows)
+        # A sink whose work outlasts msgTimeoutMs (1 s) several times over.
+        time.sleep(3.5)
+
+    query = (reader(spark, broker.address, "events", msgTimeoutMs=1000).writeStream
+             .foreachBatch(slow).option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert {i for i, _ in seen_attempts} == published
+    assert all(attempts == 1 for _, attempts in seen_attempts)
+    stats = channel_stats(client, "events")
+    assert (stats.timeout_count, stats.finish_count) == (0, len(published))

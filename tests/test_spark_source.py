@@ -1,0 +1,157 @@
+"""The pynsq Spark source, end to end: a real broker on loopback, a real local Spark."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.errors.exceptions.captured import StreamingQueryException
+
+from spark_connector import SCHEMA, PynsqDataSource
+
+from .helpers import wait_for
+from .spark_helpers import Recorder, channel_stats, publish, reader
+
+
+def run_available_now(df, checkpoint, recorder: Recorder, timeout: float = 120):
+    query = (df.writeStream.foreachBatch(recorder).option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start())
+    assert query.awaitTermination(timeout), "the availableNow query did not finish"
+    return query
+
+
+def test_format_pynsq_works_without_register_and_has_the_documented_schema(spark, broker):
+    df = reader(spark, broker.address, "events")
+    assert df.isStreaming
+    assert df.schema == SCHEMA
+    assert [f.name for f in df.schema.fields] == ["id", "body", "timestamp", "attempts",
+                                                  "topic", "channel"]
+
+
+def test_explicit_register_works_too(spark, broker):
+    spark.dataSource.register(PynsqDataSource)
+    assert reader(spark, broker.address, "events").schema == SCHEMA
+
+
+def test_without_failures_every_message_is_delivered_exactly_once_and_finished(
+        spark, broker, client, tmp_path):
+    published = publish(client, "events", 2000)
+    recorder = Recorder()
+    run_available_now(reader(spark, broker.address, "events", maxMessagesPerTrigger=300,
+                             numPartitions=3), tmp_path / "ck", recorder)
+    assert recorder.duplicates() == {}
+    assert set(recorder.ids) == published
+    stats = channel_stats(client, "events")
+    assert (stats.depth, stats.in_flight_count, stats.finish_count) == (0, 0, 2000)
+
+
+def test_rows_carry_body_publish_time_attempts_topic_and_channel(spark, broker, client, tmp_path):
+    msg_id = client.publish("events", b"hello")
+    rows = []
+
+    def collect(df, batch_id):
+        rows.extend(df.collect())
+
+    query = (reader(spark, broker.address, "events").writeStream.foreachBatch(collect)
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True)
+             .start())
+    query.awaitTermination(120)
+    [row] = rows
+    assert (row.id, row.body, row.attempts, row.topic, row.channel) == (
+        msg_id, bytearray(b"hello"), 1, "events", "spark")
+    assert row.timestamp.year >= 2024
+
+
+def test_max_messages_per_trigger_caps_every_batch(spark, broker, client, tmp_path):
+    publish(client, "events", 1000)
+    recorder = Recorder()
+    query = run_available_now(reader(spark, broker.address, "events",
+                                     maxMessagesPerTrigger=250), tmp_path / "ck", recorder)
+    sizes = [len(ids) for _, ids in recorder.batches if ids]
+    assert sizes == [250, 250, 250, 250]
+    assert all(p["numInputRows"] <= 250 for p in query.recentProgress)
+
+
+def test_available_now_reads_what_was_there_at_start_and_stops(spark, broker, client, tmp_path):
+    published = publish(client, "events", 500)
+    recorder = Recorder()
+    query = run_available_now(reader(spark, broker.address, "events",
+                                     maxMessagesPerTrigger=100), tmp_path / "ck", recorder)
+    assert not query.isActive
+    assert set(recorder.ids) == published
+
+
+def test_available_now_on_an_empty_channel_stops_at_once(spark, broker, tmp_path):
+    recorder = Recorder()
+    query = run_available_now(reader(spark, broker.address, "empty"), tmp_path / "ck", recorder,
+                              timeout=60)
+    assert not query.isActive
+    assert recorder.ids == []
+
+
+def test_trigger_once_reads_one_batch_of_everything(spark, broker, client, tmp_path):
+    published = publish(client, "events", 300)
+    recorder = Recorder()
+    query = (reader(spark, broker.address, "events").writeStream.foreachBatch(recorder)
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(once=True).start())
+    assert query.awaitTermination(120)
+    assert set(recorder.ids) == published
+
+
+def test_processing_time_trigger_picks_up_messages_published_while_running(
+        spark, broker, client, tmp_path):
+    recorder = Recorder()
+    query = (reader(spark, broker.address, "live").writeStream.foreachBatch(recorder)
+             .option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(processingTime="100 milliseconds").start())
+    try:
+        # The channel exists once the query has started; publish into it while it runs.
+        wait_for(lambda: client.stats("live").topics if "live" in
+                 {t.name for t in client.stats().topics} else None, 60, message="channel")
+        first = publish(client, "live", 200)
+        wait_for(lambda: set(recorder.ids) >= first, 60, message="first messages")
+        second = publish(client, "live", 200)
+        wait_for(lambda: set(recorder.ids) >= first | second, 60, message="second messages")
+        # An idle trigger FINs the last batch.
+        wait_for(lambda: channel_stats(client, "live").finish_count == 400, 60,
+                 message="all FINed")
+    finally:
+        query.stop()
+    assert recorder.duplicates() == {}
+
+
+def test_progress_reports_the_backlog_as_latest_offset(spark, broker, client, tmp_path):
+    publish(client, "events", 600)
+    recorder = Recorder()
+    query = run_available_now(reader(spark, broker.address, "events",
+                                     maxMessagesPerTrigger=200), tmp_path / "ck", recorder)
+    latest = [p["sources"][0]["latestOffset"] for p in query.recentProgress]
+    assert any('"depth"' in (offset or "") for offset in latest)
+
+
+@pytest.mark.parametrize("options, named", [
+    ({"channel": "spark"}, "topic"),
+    ({"topic": "events", "channel": "spark", "maxMessagesPerTriger": "5"}, "maxmessagespertriger"),
+    ({"topic": "bad name!", "channel": "spark"}, "topic"),
+    ({"topic": "events", "channel": "spark", "numPartitions": "zero"}, "numPartitions"),
+    ({"topic": "events"}, "channel"),
+])
+def test_bad_options_fail_the_query_at_start_naming_the_option(spark, broker, tmp_path,
+                                                               options, named):
+    r = spark.readStream.format("pynsq").option("address", broker.address)
+    for key, value in options.items():
+        r = r.option(key, value)
+    with pytest.raises(Exception) as caught:
+        query = (r.load().writeStream.format("noop")
+                 .option("checkpointLocation", str(tmp_path / "ck")).start())
+        query.awaitTermination(60)
+    assert named in str(caught.value)
+
+
+def test_an_unreachable_broker_fails_the_query_naming_the_address(spark, tmp_path):
+    address = "127.0.0.1:1"
+    query = (spark.readStream.format("pynsq").option("address", address)
+             .option("topic", "events").option("channel", "spark").load()
+             .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ck"))
+             .start())
+    with pytest.raises(StreamingQueryException) as caught:
+        query.awaitTermination(120)
+    assert address in str(caught.value)
