@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from chispa import assert_df_equality
 from pyspark.errors.exceptions.captured import StreamingQueryException
 
 from spark_connector import SCHEMA, PynsqDataSource
@@ -58,6 +59,21 @@ def test_rows_carry_body_publish_time_attempts_topic_and_channel(spark, broker, 
     assert (row.id, row.body, row.attempts, row.topic, row.channel) == (
         msg_id, bytearray(b"hello"), 1, "events", "spark")
     assert row.timestamp.year >= 2024
+
+
+def test_bodies_cast_to_strings_equal_what_was_published(spark, broker, client, tmp_path):
+    bodies = [f"event-{i}" for i in range(50)]
+    client.multi_publish("events", bodies)
+    query = (reader(spark, broker.address, "events").selectExpr(
+                "CAST(body AS STRING) AS line", "attempts", "topic", "channel")
+             .writeStream.format("memory").queryName("cast_lines")
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True)
+             .start())
+    query.awaitTermination(120)
+    expected = spark.createDataFrame([(b, 1, "events", "spark") for b in bodies],
+                                     "line STRING, attempts INT, topic STRING, channel STRING")
+    assert_df_equality(spark.table("cast_lines"), expected, ignore_row_order=True,
+                       ignore_nullable=True)
 
 
 def test_max_messages_per_trigger_caps_every_batch(spark, broker, client, tmp_path):

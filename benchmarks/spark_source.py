@@ -1,0 +1,123 @@
+"""Spark read throughput: pynsq -> noop sink, against the ceiling of any Python source.
+
+    python benchmarks/spark_source.py [--messages 1000000] [--partitions 2]
+
+Both runs happen in one Spark session, one after the other: the pynsq source
+reading a channel of N messages of 100 bytes with ``availableNow``, and an
+in-memory Python streaming source that yields the same number of rows of the
+same schema as Arrow batches (no broker, no network). The ratio is the figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+import pyarrow as pa  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition  # noqa: E402
+
+from broker import Client, EmbeddedBroker  # noqa: E402
+from spark_connector.datasource import SCHEMA  # noqa: E402
+
+BODY = b"x" * 100
+
+
+class MemorySource(DataSource):
+    """A streaming source of N rows made in the executors: the ceiling."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "pynsq_bench_memory"
+
+    def schema(self):
+        return SCHEMA
+
+    def streamReader(self, schema):
+        return MemoryReader(int(self.options["rows"]), int(self.options["partitions"]))
+
+
+class MemoryReader(DataSourceStreamReader):
+    def __init__(self, rows: int, partitions: int) -> None:
+        self.rows, self.parts = rows, partitions
+
+    def initialOffset(self):
+        return {"done": False}
+
+    def latestOffset(self, start, limit):
+        return {"done": True}
+
+    def partitions(self, start, end):
+        if start == end:
+            return []
+        return [InputPartition(i) for i in range(self.parts)]
+
+    def read(self, partition):
+        from spark_connector.fetch import ARROW_SCHEMA
+
+        share = self.rows // self.parts
+        now = time.time_ns() // 1000
+        for begin in range(0, share, 2500):
+            n = min(2500, share - begin)
+            yield pa.RecordBatch.from_arrays([
+                pa.array([f"{partition.value:04x}{begin + i:012x}" for i in range(n)], pa.string()),
+                pa.array([BODY] * n, pa.binary()),
+                pa.array([now] * n, pa.timestamp("us", tz="UTC")),
+                pa.array([1] * n, pa.int32()),
+                pa.array(["bench"] * n, pa.string()),
+                pa.array(["spark"] * n, pa.string()),
+            ], schema=ARROW_SCHEMA)
+
+
+def timed_available_now(df) -> tuple[float, int]:
+    with tempfile.TemporaryDirectory() as checkpoint:
+        started = time.perf_counter()
+        query = (df.writeStream.format("noop").option("checkpointLocation", checkpoint)
+                 .trigger(availableNow=True).start())
+        query.awaitTermination()
+        elapsed = time.perf_counter() - started
+        rows = sum(p["numInputRows"] for p in query.recentProgress)
+    return elapsed, rows
+
+
+def run(spark, messages: int, partitions: int) -> dict:
+    spark.dataSource.register(MemorySource)
+    with EmbeddedBroker(msg_timeout="15m") as broker:
+        client = Client(broker.address)
+        client.admin("channel", "create", "bench", "spark")
+        for start in range(0, messages, 5000):
+            client.multi_publish("bench", [BODY] * min(5000, messages - start))
+        pynsq_s, pynsq_rows = timed_available_now(
+            spark.readStream.format("pynsq").option("address", broker.address)
+            .option("topic", "bench").option("channel", "spark")
+            .option("numPartitions", partitions).load())
+        client.close()
+    memory_s, memory_rows = timed_available_now(
+        spark.readStream.format("pynsq_bench_memory").option("rows", messages)
+        .option("partitions", partitions).load())
+    pynsq_rate, memory_rate = pynsq_rows / pynsq_s, memory_rows / memory_s
+    return {"messages": messages, "pynsq_rows": pynsq_rows, "pynsq_rows_per_s": round(pynsq_rate),
+            "memory_rows": memory_rows, "memory_rows_per_s": round(memory_rate),
+            "ratio": round(pynsq_rate / memory_rate, 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=2)
+    args = parser.parse_args()
+    spark = (SparkSession.builder.master("local[2]").appName("pynsq-bench")
+             .config("spark.ui.enabled", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    print(json.dumps(run(spark, args.messages, args.partitions), indent=2))
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
