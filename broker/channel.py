@@ -121,11 +121,15 @@ class Channel:
         if self.paused:
             return []
         ready = self._ready
-        taken = []
-        for _ in range(min(limit, len(ready))):
-            msg = ready.popleft()
-            self._start_in_flight(msg, holder)
-            taken.append(msg)
+        taken = [ready.popleft() for _ in range(min(limit, len(ready)))]
+        now = self._clock.monotonic()
+        for msg in taken:
+            msg.attempts += 1
+            msg.consumer = holder
+            msg.delivered_at = now
+        self._in_flight.push_many(taken, now + holder.msg_timeout)
+        holder.in_flight.update((m.id, m) for m in taken)
+        holder.message_count += len(taken)
         return taken
 
     # -- FIN / REQ / TOUCH -----------------------------------------------
@@ -139,6 +143,29 @@ class Channel:
         self.latency.add((self._clock.wall_ns() - msg.timestamp) / 1e6)
         self._broker.on_finish(self, msg)
         self._pump()
+
+    def finish_all(self, holder: Consumer) -> int:
+        """FIN everything ``holder`` has in flight (a lease); returns how many."""
+        held = list(holder.in_flight.values())
+        holder.in_flight.clear()
+        wall_ns = self._clock.wall_ns()
+        for msg in held:
+            self._in_flight.cancel(msg)
+            msg.consumer = None
+            self.latency.add((wall_ns - msg.timestamp) / 1e6)
+            self._broker.on_finish(self, msg)
+        holder.finish_count += len(held)
+        self.finish_count += len(held)
+        self._pump()
+        return len(held)
+
+    def touch_all(self, holder: Consumer) -> int:
+        """TOUCH everything ``holder`` has in flight (a lease); returns how many."""
+        held = list(holder.in_flight.values())
+        for msg in held:
+            self._in_flight.cancel(msg)
+        self._in_flight.push_many(held, self._clock.monotonic() + holder.msg_timeout)
+        return len(held)
 
     def requeue(self, consumer: Consumer, msg_id: str, delay: float = 0.0) -> None:
         limit = self._broker.options.max_req_timeout / 1000

@@ -138,38 +138,32 @@ class Broker:
         return lease
 
     def finish_leases(self, lease_ids: Iterable[str]) -> tuple[int, list[str]]:
-        return self._each_lease_message(lease_ids, Channel.finish, drop=True)
+        return self._each_lease(lease_ids, Channel.finish_all, drop=True)
 
     def requeue_leases(self, lease_ids: Iterable[str]) -> tuple[int, list[str]]:
-        count, missing = 0, []
-        for lease_id in lease_ids:
-            lease = self._leases.get(lease_id)
-            if lease is None or lease.channel is None:
-                missing.append(lease_id)
-                continue
-            count += len(lease.in_flight)
-            if not lease.channel.deleted:
-                lease.channel.release(lease)
-            self._forget_lease(lease_id)
-        return count, missing
+        def requeue(channel: Channel, lease: Lease) -> int:
+            count = len(lease.in_flight)
+            channel.release(lease)
+            return count
+
+        return self._each_lease(lease_ids, requeue, drop=True)
 
     def touch_leases(self, lease_ids: Iterable[str]) -> tuple[int, list[str]]:
-        return self._each_lease_message(lease_ids, Channel.touch, drop=False)
+        return self._each_lease(lease_ids, Channel.touch_all, drop=False)
 
-    def _each_lease_message(self, lease_ids: Iterable[str],
-                            action: Callable[[Channel, Consumer, str], None],
-                            drop: bool) -> tuple[int, list[str]]:
+    def _each_lease(self, lease_ids: Iterable[str], action: Callable[[Channel, Lease], int],
+                    drop: bool) -> tuple[int, list[str]]:
+        """Apply ``action`` to each lease; unknown or emptied leases are reported missing."""
         count, missing = 0, []
         for lease_id in lease_ids:
             lease = self._leases.get(lease_id)
-            if lease is None or lease.channel is None or lease.channel.deleted:
+            if lease is None or lease.channel is None or lease.channel.deleted \
+                    or not lease.in_flight:
                 missing.append(lease_id)
                 self._forget_lease(lease_id)
                 continue
-            for msg_id in list(lease.in_flight):
-                action(lease.channel, lease, msg_id)
-                count += 1
-            if drop or not lease.in_flight:
+            count += action(lease.channel, lease)
+            if drop:
                 self._forget_lease(lease_id)
         return count, missing
 

@@ -21,6 +21,7 @@ class DeadlineQueue:
         self._heap: list[tuple[float, int, Message, int]] = []
         self._seq = itertools.count()
         self._live = 0
+        self._latest = float("-inf")  # no entry has a later deadline
 
     def __len__(self) -> int:
         return self._live
@@ -30,6 +31,26 @@ class DeadlineQueue:
         msg.token += 1
         heapq.heappush(self._heap, (deadline, next(self._seq), msg, msg.token))
         self._live += 1
+        if deadline > self._latest:
+            self._latest = deadline
+
+    def push_many(self, msgs: list[Message], deadline: float) -> None:
+        """Push messages sharing one deadline (a lease, a burst of deliveries)."""
+        if deadline < self._latest:
+            for msg in msgs:
+                self.push(msg, deadline)
+            return
+        # Entries no earlier than every entry present keep the heap ordered when
+        # appended, so a burst costs O(1) per message instead of O(log n).
+        seq = self._seq
+        entries = []
+        for msg in msgs:
+            msg.deadline = deadline
+            msg.token += 1
+            entries.append((deadline, next(seq), msg, msg.token))
+        self._heap.extend(entries)
+        self._live += len(entries)
+        self._latest = deadline
 
     def cancel(self, msg: Message) -> None:
         """Void ``msg``'s entry; the caller knows it is in this queue."""
@@ -60,6 +81,7 @@ class DeadlineQueue:
             msg.token += 1
         self._heap.clear()
         self._live = 0
+        self._latest = float("-inf")
         return live
 
     def _compact(self) -> None:

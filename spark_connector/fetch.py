@@ -7,6 +7,7 @@ from typing import Iterator
 
 import grpc
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from broker.api import broker_pb2 as pb
@@ -19,15 +20,16 @@ log = logging.getLogger("pynsq.spark")
 ARROW_SCHEMA = to_arrow_schema(SCHEMA, timezone="UTC")
 
 
-def to_record_batch(msgs, topic: str, channel: str) -> pa.RecordBatch:
-    n = len(msgs)
+def to_record_batch(frame: pb.MessageColumns, topic: str, channel: str) -> pa.RecordBatch:
+    n = len(frame.ids)
+    timestamps = pa.array(frame.timestamps, pa.int64())
     return pa.RecordBatch.from_arrays([
-        pa.array([m.id for m in msgs], pa.string()),
-        pa.array([m.body for m in msgs], pa.binary()),
-        pa.array([m.timestamp // 1000 for m in msgs], pa.timestamp("us", tz="UTC")),
-        pa.array([m.attempts for m in msgs], pa.int32()),
-        pa.array([topic] * n, pa.string()),
-        pa.array([channel] * n, pa.string()),
+        pa.array(frame.ids, pa.string()),
+        pa.array(frame.bodies, pa.binary()),
+        pc.divide(timestamps, 1000).cast(pa.timestamp("us", tz="UTC")),
+        pa.array(frame.attempts, pa.int32()),
+        pa.repeat(topic, n),
+        pa.repeat(channel, n),
     ], schema=ARROW_SCHEMA)
 
 
@@ -43,8 +45,8 @@ def fetch_slice(part) -> Iterator[pa.RecordBatch]:
                                    num_partitions=part.num_partitions)
     try:
         for frame in client.stub.FetchLease(request, timeout=max(part.timeout_s, 60.0)):
-            if frame.messages:
-                yield to_record_batch(frame.messages, part.topic, part.channel)
+            if frame.ids:
+                yield to_record_batch(frame, part.topic, part.channel)
     except grpc.RpcError as err:
         if err.code() == grpc.StatusCode.NOT_FOUND:
             log.warning("pynsq: lease %s on %s is gone; its messages were requeued",

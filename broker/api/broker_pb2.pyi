@@ -48,6 +48,18 @@ class Messages(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[Message]
     def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
 
+class MessageColumns(_message.Message):
+    __slots__ = ("ids", "bodies", "timestamps", "attempts")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    BODIES_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMPS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    bodies: _containers.RepeatedScalarFieldContainer[bytes]
+    timestamps: _containers.RepeatedScalarFieldContainer[int]
+    attempts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[str]] = ..., bodies: _Optional[_Iterable[bytes]] = ..., timestamps: _Optional[_Iterable[int]] = ..., attempts: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class ClientFrame(_message.Message):
     __slots__ = ("sub", "rdy", "fin", "req", "touch", "cls", "nop")
     SUB_FIELD_NUMBER: _ClassVar[int]

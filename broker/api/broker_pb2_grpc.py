@@ -127,7 +127,7 @@ class BrokerStub:
         self.FetchLease = channel.unary_stream(
                 '/pynsq.v1.Broker/FetchLease',
                 request_serializer=broker_dot_api_dot_broker__pb2.FetchLeaseRequest.SerializeToString,
-                response_deserializer=broker_dot_api_dot_broker__pb2.Messages.FromString,
+                response_deserializer=broker_dot_api_dot_broker__pb2.MessageColumns.FromString,
                 _registered_method=True)
         self.FinishLeases = channel.unary_unary(
                 '/pynsq.v1.Broker/FinishLeases',
@@ -265,6 +265,7 @@ class BrokerServicer:
 
     def FetchLease(self, request, context):
         """Read one slice of a lease (partition of num_partitions), any number of times.
+        Columnar, since its reader builds Arrow batches.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -385,7 +386,7 @@ def add_BrokerServicer_to_server(servicer, server):
             'FetchLease': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchLease,
                     request_deserializer=broker_dot_api_dot_broker__pb2.FetchLeaseRequest.FromString,
-                    response_serializer=broker_dot_api_dot_broker__pb2.Messages.SerializeToString,
+                    response_serializer=broker_dot_api_dot_broker__pb2.MessageColumns.SerializeToString,
             ),
             'FinishLeases': grpc.unary_unary_rpc_method_handler(
                     servicer.FinishLeases,
@@ -915,7 +916,7 @@ class Broker:
             target,
             '/pynsq.v1.Broker/FetchLease',
             broker_dot_api_dot_broker__pb2.FetchLeaseRequest.SerializeToString,
-            broker_dot_api_dot_broker__pb2.Messages.FromString,
+            broker_dot_api_dot_broker__pb2.MessageColumns.FromString,
             options,
             channel_credentials,
             insecure,

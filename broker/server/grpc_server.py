@@ -47,18 +47,29 @@ def to_pb(msg: Message) -> pb.Message:
     return pb.Message(id=msg.id, body=msg.body, timestamp=msg.timestamp, attempts=msg.attempts)
 
 
-def frames_of(msgs: list[Message]) -> list[pb.Messages]:
-    """Split messages into frames bounded in count and bytes."""
-    frames, batch, size = [], [], 0
+def chunks(msgs: list[Message]) -> list[list[Message]]:
+    """Split messages into frames bounded in count and body bytes."""
+    out, batch, size = [], [], 0
     for msg in msgs:
         if batch and (len(batch) >= MAX_FRAME_MESSAGES or size + len(msg.body) > MAX_FRAME_BYTES):
-            frames.append(pb.Messages(messages=batch))
+            out.append(batch)
             batch, size = [], 0
-        batch.append(to_pb(msg))
+        batch.append(msg)
         size += len(msg.body)
     if batch:
-        frames.append(pb.Messages(messages=batch))
-    return frames
+        out.append(batch)
+    return out
+
+
+def frames_of(msgs: list[Message]) -> list[pb.Messages]:
+    return [pb.Messages(messages=[to_pb(m) for m in chunk]) for chunk in chunks(msgs)]
+
+
+def columns_of(msgs: list[Message]) -> list[pb.MessageColumns]:
+    return [pb.MessageColumns(ids=[m.id for m in chunk], bodies=[m.body for m in chunk],
+                              timestamps=[m.timestamp for m in chunk],
+                              attempts=[m.attempts for m in chunk])
+            for chunk in chunks(msgs)]
 
 
 class _Fatal(Exception):
@@ -297,7 +308,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             msgs = self.broker.lease(request.lease_id).slice(request.partition, n)
         except BrokerError as err:
             await context.abort(status_of(err), str(err))
-        for frame in frames_of(msgs):
+        for frame in columns_of(msgs):
             yield frame
 
     async def _leases(self, context, action, request: pb.LeaseRequest) -> pb.LeaseResponse:
