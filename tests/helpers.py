@@ -19,3 +19,69 @@ def wait_for(condition: Callable[[], T], timeout: float = 10.0, interval: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bin_path(name: str) -> str:
+    """A console script of this environment (pynsqd, pynsq)."""
+    import sys
+    from pathlib import Path
+
+    return str(Path(sys.executable).parent / name)
+
+
+class Daemon:
+    """``pynsqd`` as a subprocess on a free loopback port; stopped by ``stop`` or ``kill``."""
+
+    def __init__(self, *args: str, port: int | None = None) -> None:
+        import subprocess
+
+        self.port = port or free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([bin_path("pynsqd"), "--grpc-address", self.address, *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 30.0) -> "Daemon":
+        from broker import Client, ClientError
+
+        client = Client(self.address, timeout=1)
+
+        def answers() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"pynsqd exited with {self.proc.returncode}: "
+                                     f"{self.output()}")
+            try:
+                return client.ping(timeout=1) == "OK"
+            except ClientError:
+                return False
+
+        try:
+            wait_for(answers, timeout, interval=0.05, message=f"pynsqd on {self.address}")
+        finally:
+            client.close()
+        return self
+
+    def output(self) -> str:
+        if self.proc.poll() is None:
+            return ""
+        return self.proc.stdout.read().decode(errors="replace")
+
+    def stop(self, sig: int | None = None, timeout: float = 30.0) -> int:
+        import signal
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig or signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)

@@ -359,7 +359,10 @@ async def start_grpc_server(broker: Broker, address: str) -> tuple[grpc.aio.Serv
         ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),
         ("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
     ])
-    bound_port = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound_port = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:
+        bound_port = 0
     if bound_port == 0:
         raise OSError(f"cannot listen on {address} (gRPC): address in use or not available")
     bound = f"{host}:{bound_port}"

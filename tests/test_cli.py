@@ -1,0 +1,83 @@
+"""`pynsq` as users type it, against a real broker."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from .helpers import bin_path, wait_for
+
+
+def pynsq(address: str, *args: str, stdin: str | None = None, timeout: float = 30):
+    return subprocess.run([bin_path("pynsq"), "--address", address, *args], input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_pub_with_a_body_publishes_one_message(broker, client):
+    result = pynsq(broker.address, "pub", "events", "hello")
+    assert result.returncode == 0, result.stderr
+    with client.subscribe("events", "check", rdy=1) as sub:
+        assert sub.get(10).body == b"hello"
+
+
+def test_pub_without_a_body_publishes_one_message_per_stdin_line(broker, client):
+    client.admin("channel", "create", "events", "check")
+    result = pynsq(broker.address, "pub", "events", stdin="a\nb\n\nc\n")
+    assert result.returncode == 0, result.stderr
+    assert client.stats("events").topics[0].channels[0].depth == 3
+
+
+def test_tail_prints_bodies_fins_them_and_stops_after_n(broker, client):
+    client.admin("channel", "create", "events", "tail")
+    client.multi_publish("events", [b"one", b"two", b"three"])
+    result = pynsq(broker.address, "tail", "events", "--channel", "tail", "-n", "2")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["one", "two"]
+    wait_for(lambda: client.stats("events").topics[0].channels[0].finish_count == 2, 10,
+             message="two FINs")
+
+
+def test_stats_shows_topics_and_channels(broker, client):
+    client.admin("channel", "create", "events", "archive")
+    client.publish("events", b"x")
+    result = pynsq(broker.address, "stats")
+    assert result.returncode == 0
+    assert "[events]" in result.stdout and "[archive]" in result.stdout
+    assert "depth: 1" in result.stdout
+
+
+def test_topic_and_channel_admin(broker, client):
+    assert pynsq(broker.address, "topic", "create", "events").returncode == 0
+    assert pynsq(broker.address, "channel", "create", "events", "ch").returncode == 0
+    assert pynsq(broker.address, "channel", "pause", "events", "ch").returncode == 0
+    assert client.stats("events").topics[0].channels[0].paused
+    assert pynsq(broker.address, "channel", "unpause", "events", "ch").returncode == 0
+    assert pynsq(broker.address, "topic", "pause", "events").returncode == 0
+    assert client.stats("events").topics[0].paused
+    assert pynsq(broker.address, "channel", "empty", "events", "ch").returncode == 0
+    assert pynsq(broker.address, "channel", "delete", "events", "ch").returncode == 0
+    assert pynsq(broker.address, "topic", "empty", "events").returncode == 0
+    assert pynsq(broker.address, "topic", "delete", "events").returncode == 0
+    assert client.stats().topics == []
+
+
+@pytest.mark.parametrize("args, code, text", [
+    ((), 2, "required: COMMAND"),
+    (("pub",), 2, "the following arguments are required: topic"),
+    (("topic", "explode", "t"), 2, "invalid choice: 'explode'"),
+    (("pub", "bad name", "x"), 1, "invalid topic name 'bad name'"),
+    (("topic", "pause", "missing"), 1, "topic missing does not exist"),
+])
+def test_wrong_use_prints_a_clear_message_and_exits_non_zero(broker, args, code, text):
+    result = pynsq(broker.address, *args)
+    assert result.returncode == code
+    assert text in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_an_unreachable_address_is_named_without_a_traceback():
+    result = pynsq("127.0.0.1:1", "stats")
+    assert result.returncode == 1
+    assert "cannot reach the broker at 127.0.0.1:1" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,94 @@
+"""`pynsqd` as users run it: flags, TOML, signals, and clear errors."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import pytest
+
+from broker import Client
+
+from .helpers import Daemon, bin_path, free_port
+
+
+@pytest.fixture
+def daemons():
+    started: list[Daemon] = []
+
+    def start(*args: str, port: int | None = None) -> Daemon:
+        d = Daemon(*args, port=port)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.kill()
+
+
+def info(address: str):
+    with Client(address) as client:
+        return client.info()
+
+
+def test_flags_set_options_with_nsqd_names_and_durations(daemons):
+    d = daemons("--msg-timeout", "5s", "--max-rdy-count", "100", "--max-req-timeout", "2m").wait_ready()
+    i = info(d.address)
+    assert (i.msg_timeout_ms, i.max_rdy_count, i.max_req_timeout_ms) == (5000, 100, 120_000)
+    assert i.max_msg_size == 1024 * 1024 and i.max_msg_timeout_ms == 15 * 60_000
+
+
+def test_toml_config_is_read_and_flags_override_it(daemons, tmp_path):
+    config = tmp_path / "pynsqd.toml"
+    config.write_text('max_msg_size = 2048\nmsg_timeout = "30s"\nmax_rdy_count = 10\n')
+    d = daemons("--config", str(config), "--max-rdy-count", "20").wait_ready()
+    i = info(d.address)
+    assert (i.max_msg_size, i.msg_timeout_ms, i.max_rdy_count) == (2048, 30_000, 20)
+
+
+def test_the_shipped_config_file_starts_the_daemon(daemons):
+    d = daemons("--config", "conf/pynsqd.toml").wait_ready()
+    assert info(d.address).max_rdy_count == 2500
+
+
+def test_an_unknown_config_key_is_refused_naming_it(tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text("mem_queue_sise = 5\n")
+    result = subprocess.run([bin_path("pynsqd"), "--config", str(config)], capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 2 and "unknown option 'mem_queue_sise'" in result.stderr
+
+
+def test_a_bad_duration_is_refused_naming_the_option():
+    result = subprocess.run([bin_path("pynsqd"), "--msg-timeout", "soon"], capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 2 and "msg-timeout" in result.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_shuts_down_cleanly(daemons, sig):
+    d = daemons().wait_ready()
+    assert d.stop(sig) == 0
+    assert "shutting down" in d.output()
+
+
+def test_a_port_in_use_is_a_clear_error(daemons):
+    first = daemons().wait_ready()
+    second = daemons(port=first.port)
+    assert second.proc.wait(30) == 1
+    assert f"cannot listen on {first.address}" in second.output()
+
+
+def test_help_lists_every_option():
+    out = subprocess.run([bin_path("pynsqd"), "--help"], capture_output=True, text=True,
+                         timeout=30).stdout
+    for flag in ("--grpc-address", "--mem-queue-size", "--msg-timeout", "--max-msg-timeout",
+                 "--max-msg-size", "--max-req-timeout", "--max-rdy-count", "--sync-every",
+                 "--sync-timeout", "--data-path", "--config"):
+        assert flag in out
+
+
+def test_default_address_is_loopback_4170():
+    out = subprocess.run([bin_path("pynsqd"), "--help"], capture_output=True, text=True,
+                         timeout=30).stdout
+    assert "127.0.0.1:4170" in out
