@@ -122,15 +122,41 @@ class Channel:
             return []
         ready = self._ready
         taken = [ready.popleft() for _ in range(min(limit, len(ready)))]
+        self._hold_all(holder, taken)
+        return taken
+
+    def reclaim(self, holder: Consumer, wanted: list[Message]) -> list[Message]:
+        """Take ``wanted`` messages back in flight to ``holder`` if they are still
+        waiting in this channel (not delivered elsewhere meanwhile); in ``wanted``'s
+        order. Scans the ready queue once.
+        """
+        wanted_ids = {id(m) for m in wanted}
+        if self.paused or not wanted_ids:
+            return []
+        keep: deque[Message] = deque()
+        found: set[int] = set()
+        for msg in self._ready:
+            if id(msg) in wanted_ids:
+                found.add(id(msg))
+            else:
+                keep.append(msg)
+        if not found:
+            return []
+        self._ready = keep
+        taken = [m for m in wanted if id(m) in found]
+        self._hold_all(holder, taken)
+        return taken
+
+    def _hold_all(self, holder: Consumer, msgs: list[Message]) -> None:
+        """Put ``msgs`` in flight to ``holder``, sharing one deadline."""
         now = self._clock.monotonic()
-        for msg in taken:
+        for msg in msgs:
             msg.attempts += 1
             msg.consumer = holder
             msg.delivered_at = now
-        self._in_flight.push_many(taken, now + holder.msg_timeout)
-        holder.in_flight.update((m.id, m) for m in taken)
-        holder.message_count += len(taken)
-        return taken
+        self._in_flight.push_many(msgs, now + holder.msg_timeout)
+        holder.in_flight.update((m.id, m) for m in msgs)
+        holder.message_count += len(msgs)
 
     # -- FIN / REQ / TOUCH -----------------------------------------------
     def finish(self, consumer: Consumer, msg_id: str) -> None:

@@ -68,16 +68,22 @@ class Client:
             raise _translate(err, self.address) from None
 
     # -- publishing -------------------------------------------------------
-    def publish(self, topic: str, body: bytes | str, *, defer_ms: int = 0) -> str:
+    def publish(self, topic: str, body: bytes | str, *, defer_ms: int = 0,
+                producer_id: str = "", sequence: int = 0) -> str:
         if isinstance(body, str):
             body = body.encode()
-        return self._call(self.stub.Publish,
-                          pb.PublishRequest(topic=topic, body=body, defer_ms=defer_ms)).ids[0]
+        request = pb.PublishRequest(topic=topic, body=body, defer_ms=defer_ms,
+                                    producer_id=producer_id, sequence=sequence)
+        return self._call(self.stub.Publish, request).ids[0]
 
-    def multi_publish(self, topic: str, bodies: Iterable[bytes | str]) -> list[str]:
+    def multi_publish(self, topic: str, bodies: Iterable[bytes | str], *,
+                      defer_ms: Iterable[int] = (), producer_id: str = "",
+                      sequence: int = 0) -> list[str]:
+        """MPUB. With ``producer_id``, a replayed (producer_id, sequence) publishes nothing."""
         data = [b.encode() if isinstance(b, str) else b for b in bodies]
-        return list(self._call(self.stub.MultiPublish,
-                               pb.MultiPublishRequest(topic=topic, bodies=data)).ids)
+        request = pb.MultiPublishRequest(topic=topic, bodies=data, defer_ms=list(defer_ms),
+                                         producer_id=producer_id, sequence=sequence)
+        return list(self._call(self.stub.MultiPublish, request).ids)
 
     # -- admin ------------------------------------------------------------
     def admin(self, kind: str, action: str, topic: str, channel: str = "") -> None:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Iterable
+from collections import OrderedDict
+from typing import Callable, Iterable, Sequence
 
 from .channel import Channel
 from .clock import Clock
 from .consumer import Consumer
+from .dedupe import Deduplicator
 from .errors import (InvalidMessage, InvalidRequest, LeaseNotFound, MessageTooBig,
                      TopicNotFound)
 from .lease import Lease, LeaseSession
@@ -28,6 +30,8 @@ log = logging.getLogger("pynsqd")
 
 # Seconds between ticks: the most a timeout or a deferred message can lag.
 TICK_INTERVAL = 0.01
+# Requeued leases remembered for adoption by a restarted reader.
+MAX_REMEMBERED_LEASES = 1024
 
 
 class Broker:
@@ -39,29 +43,57 @@ class Broker:
         self.start_time = int(time.time())
         self._sessions: dict[str, LeaseSession] = {}
         self._leases: dict[str, Lease] = {}
+        # Leases requeued because their session ended, for a replay to adopt.
+        self._requeued: OrderedDict[str, Lease] = OrderedDict()
+        self.dedupe = Deduplicator()
 
     # -- publishing -------------------------------------------------------
-    def publish(self, topic: str, body: bytes, *, defer_ms: int = 0) -> str:
+    def publish(self, topic: str, body: bytes, *, defer_ms: int = 0, producer_id: str = "",
+                sequence: int = 0) -> str:
         """PUB, or DPUB when ``defer_ms`` > 0. Returns the message id."""
-        return self.multi_publish(topic, [body], defer_ms=defer_ms)[0]
+        return self.multi_publish(topic, [body], defer_ms=[defer_ms], producer_id=producer_id,
+                                  sequence=sequence)[0]
 
-    def multi_publish(self, topic: str, bodies: Iterable[bytes], *, defer_ms: int = 0) -> list[str]:
-        """MPUB: every body is checked before any is accepted."""
+    def multi_publish(self, topic: str, bodies: Iterable[bytes], *,
+                      defer_ms: Sequence[int] = (), producer_id: str = "",
+                      sequence: int = 0) -> list[str]:
+        """MPUB: every body is checked before any is accepted.
+
+        ``defer_ms`` is empty or gives each body its own defer. With a
+        ``producer_id``, a repeat of an accepted (producer_id, sequence) within
+        the de-duplication window publishes nothing and returns the first ids.
+        """
+        if producer_id:
+            ids = self.dedupe.seen(producer_id, sequence, self.clock.monotonic())
+            if ids is not None:
+                return ids
         bodies = list(bodies)
         if not bodies:
             raise InvalidMessage("MPUB: no messages")
         self._check_bodies(bodies)
+        defers = list(defer_ms)
+        if defers and len(defers) != len(bodies):
+            raise InvalidRequest(f"{len(defers)} defers for {len(bodies)} messages: give one "
+                                 f"per message or none")
         limit = self.options.max_req_timeout
-        if defer_ms < 0 or defer_ms > limit:
-            raise InvalidRequest(f"DPUB defer {defer_ms} ms out of range: must be 0 to "
-                                 f"{limit} ms (max-req-timeout)")
+        for d in defers:
+            if d < 0 or d > limit:
+                raise InvalidRequest(f"DPUB defer {d} ms out of range: must be 0 to "
+                                     f"{limit} ms (max-req-timeout)")
         t = self.get_or_create_topic(topic)
         now = self.clock.wall_ns()
         new_id = self.new_id
         msgs = [Message(new_id(), body, now) for body in bodies]
         self.on_publish(t, msgs)
-        t.publish(msgs, defer_ms / 1000)
-        return [m.id for m in msgs]
+        if not any(defers):
+            t.publish(msgs, 0.0)
+        else:
+            for msg, d in zip(msgs, defers):
+                t.publish([msg], d / 1000)
+        ids = [m.id for m in msgs]
+        if producer_id:
+            self.dedupe.remember(producer_id, sequence, ids, self.clock.monotonic())
+        return ids
 
     def _check_bodies(self, bodies: list[bytes]) -> None:
         limit = self.options.max_msg_size
@@ -101,10 +133,13 @@ class Broker:
         session = self._sessions.pop(session_id, None)
         if session is None:
             return
-        ids = list(session.leases)
-        if ids:
-            log.info("lease session %s ended: requeueing %d lease(s)", session.client_id, len(ids))
-            self.requeue_leases(ids)
+        leases = list(session.leases.values())
+        if leases:
+            log.info("lease session %s ended: requeueing %d lease(s)", session.client_id,
+                     len(leases))
+            self.requeue_leases([lease.lease_id for lease in leases])
+            for lease in leases:
+                self._remember_requeued(lease)
 
     def reserve(self, session_id: str, topic: str, channel: str, max_messages: int,
                 msg_timeout_ms: int = 0) -> tuple[Lease | None, int]:
@@ -128,6 +163,52 @@ class Broker:
         session.leases[lease.lease_id] = lease
         self._leases[lease.lease_id] = lease
         return lease, ch.depth
+
+    def adopt_leases(self, session_id: str, lease_ids: Iterable[str]) -> tuple[int, list[str]]:
+        """Make ``session_id`` the holder of leases planned by an earlier session.
+
+        A live lease changes hands. A lease requeued because its session ended
+        takes back those of its messages still waiting in the channel, under the
+        same id, so that a batch replayed after a restart reads what it read
+        before. Returns (messages now held, leases with nothing to adopt).
+        """
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise LeaseNotFound(f"lease session {session_id!r} does not exist (it ended)")
+        count, missing = 0, []
+        for lease_id in lease_ids:
+            lease = self._leases.get(lease_id)
+            if lease is not None and lease.in_flight:
+                lease.session.leases.pop(lease_id, None)
+            else:
+                lease = self._reclaim(lease_id)
+                if lease is None:
+                    missing.append(lease_id)
+                    continue
+            lease.session = session
+            session.leases[lease_id] = lease
+            count += len(lease.in_flight)
+        return count, missing
+
+    def _reclaim(self, lease_id: str) -> Lease | None:
+        old = self._requeued.pop(lease_id, None)
+        if old is None or old.channel is None or old.channel.deleted:
+            return None
+        lease = Lease(old.session, msg_timeout=old.msg_timeout)
+        lease.lease_id = lease_id
+        lease.channel = old.channel
+        taken = old.channel.reclaim(lease, old.order)
+        if not taken:
+            return None
+        # Keep the original order so each partition's slice stays what it was.
+        lease.order = old.order
+        self._leases[lease_id] = lease
+        return lease
+
+    def _remember_requeued(self, lease: Lease) -> None:
+        self._requeued[lease.lease_id] = lease
+        while len(self._requeued) > MAX_REMEMBERED_LEASES:
+            self._requeued.popitem(last=False)
 
     def lease(self, lease_id: str) -> Lease:
         lease = self._leases.get(lease_id)

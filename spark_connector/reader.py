@@ -28,9 +28,11 @@ Offsets are JSON dicts::
 
 ``leases`` names the leases that batch ``batch`` reads (one per broker that
 had messages); ``{"batch": 0, "leases": {}}`` is the initial offset. A batch
-replayed from the checkpoint reads its leases again if they still exist; if
-they were requeued (the old driver died), it reads nothing and the messages
-come in a later batch.
+replayed from the checkpoint (Spark calls ``partitions`` for a batch this
+reader did not plan) first *adopts* its leases: a live lease changes hands, and
+a lease requeued when the old driver went away takes back those of its messages
+still waiting in the channel. So the replay reads what the failed run read, and
+a writer that de-duplicates by (query, batch, partition) publishes nothing twice.
 """
 
 from __future__ import annotations
@@ -117,6 +119,8 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> list[LeaseSlice]:
         if start == end:
             return []
+        # A batch this reader did not plan is a replay from the checkpoint.
+        self.keeper.adopt(int(end.get("batch", 0)), end.get("leases", {}))
         n = self.options.num_partitions
         timeout_s = self.options.timeout_ms / 1000
         return [LeaseSlice(lease["address"], lease["lease"], p, n, self.options.topic,

@@ -82,6 +82,11 @@ class _BrokerSession:
             self.client._call(getattr(self.client.stub, method),
                               pb.LeaseRequest(lease_ids=lease_ids))
 
+    def adopt(self, lease_ids: list[str]) -> int:
+        reply = self.client._call(self.client.stub.AdoptLeases, pb.AdoptLeasesRequest(
+            session_id=self.session_id, lease_ids=lease_ids))
+        return reply.count
+
     def depth(self) -> int:
         stats = self.client.stats(self.options.topic, self.options.channel)
         return sum(c.depth for t in stats.topics for c in t.channels)
@@ -143,6 +148,22 @@ class LeaseKeeper:
             with self._lock:
                 self._open[batch] = leases
         return leases
+
+    def adopt(self, batch: int, leases: dict[str, dict]) -> None:
+        """Hold the leases of a batch planned by an earlier run (a replay)."""
+        with self._lock:
+            if batch in self._open:
+                return
+            self._open[batch] = leases
+        by_address: dict[str, list[str]] = {}
+        for lease in leases.values():
+            by_address.setdefault(lease["address"], []).append(lease["lease"])
+        for address, ids in by_address.items():
+            session = self._sessions.get(address)
+            if session is not None:
+                count = session.adopt(ids)
+                log.info("replaying batch %d: adopted %d message(s) of %d lease(s) on %s",
+                         batch, count, len(ids), address)
 
     def finish_through(self, batch: int, offset_leases: dict[str, dict]) -> None:
         """FIN the leases of every batch up to ``batch``, and those the offset names."""

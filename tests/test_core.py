@@ -359,3 +359,58 @@ def test_a_lease_times_out_unless_touched(core, clock):
     ch = core.channel("t", "ch")
     assert (ch.depth, ch.timeout_count) == (2, 2)
     assert core.touch_leases([lease.lease_id]) == (0, [lease.lease_id])
+
+
+def test_a_replay_adopts_a_requeued_lease_and_reads_the_same_messages(core):
+    core.create_channel("t", "ch")
+    core.multi_publish("t", [str(i).encode() for i in range(5)])
+    old = core.open_lease_session()
+    lease, _ = core.reserve(old.session_id, "t", "ch", 3, 5000)
+    first = [m.body for m in lease.slice(0, 1)]
+    core.close_lease_session(old.session_id)
+    assert core.channel("t", "ch").depth == 5
+    new = core.open_lease_session()
+    assert core.adopt_leases(new.session_id, [lease.lease_id]) == (3, [])
+    again = core.lease(lease.lease_id).slice(0, 1)
+    assert [m.body for m in again] == first and all(m.attempts == 2 for m in again)
+    assert core.channel("t", "ch").depth == 2
+    assert core.finish_leases([lease.lease_id]) == (3, [])
+
+
+def test_a_live_lease_changes_hands_and_a_consumed_one_cannot_be_adopted(core):
+    core.create_channel("t", "ch")
+    core.multi_publish("t", [b"a", b"b"])
+    old, new = core.open_lease_session(), core.open_lease_session()
+    lease, _ = core.reserve(old.session_id, "t", "ch", 1, 5000)
+    assert core.adopt_leases(new.session_id, [lease.lease_id]) == (1, [])
+    core.close_lease_session(old.session_id)  # no longer the holder: nothing requeued
+    assert core.channel("t", "ch").in_flight_count == 1
+    core.close_lease_session(new.session_id)
+    c = Inbox(core)
+    core.subscribe(c, "t", "ch")  # a consumer takes the requeued messages first
+    third = core.open_lease_session()
+    assert core.adopt_leases(third.session_id, [lease.lease_id]) == (0, [lease.lease_id])
+
+
+def test_a_repeated_producer_sequence_publishes_nothing_and_returns_the_first_ids(core, clock):
+    c = Inbox(core)
+    core.subscribe(c, "t", "ch")
+    first = core.multi_publish("t", [b"a", b"b"], producer_id="q1:7:0", sequence=0)
+    again = core.multi_publish("t", [b"a", b"b"], producer_id="q1:7:0", sequence=0)
+    other = core.multi_publish("t", [b"c"], producer_id="q1:7:0", sequence=1)
+    assert again == first and len(other) == 1
+    assert c.bodies == [b"a", b"b", b"c"]
+    clock.advance(601)  # past the de-duplication window
+    core.multi_publish("t", [b"a", b"b"], producer_id="q1:7:0", sequence=0)
+    assert len(c.got) == 5
+
+
+def test_mpub_with_a_defer_per_message(core, clock):
+    c = Inbox(core)
+    core.subscribe(c, "t", "ch")
+    core.multi_publish("t", [b"now", b"later"], defer_ms=[0, 2000])
+    assert c.bodies == [b"now"]
+    advance(core, clock, 2)
+    assert c.bodies == [b"now", b"later"]
+    with pytest.raises(InvalidRequest, match="1 defers for 2 messages"):
+        core.multi_publish("t", [b"a", b"b"], defer_ms=[5])

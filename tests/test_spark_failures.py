@@ -47,8 +47,10 @@ def test_a_failing_batch_fails_the_query_and_a_restart_delivers_every_message(
     start(reader(spark, broker.address, "events", maxMessagesPerTrigger=100),
           restarted, checkpoint).awaitTermination(120)
     assert set(failing.ids) | set(restarted.ids) == published
-    # Only the failed batch may be seen twice; batches that committed are not.
+    # Batches that committed are not seen again, and the replay is the failed batch itself.
     assert set(failing.ids).isdisjoint(restarted.ids)
+    assert restarted.batches[0][0] == 2 and len(restarted.batches[0][1]) == 100
+    assert restarted.duplicates() == {}
     assert channel_stats(client, "events").finish_count >= len(published)
 
 
@@ -91,6 +93,7 @@ def test_a_driver_killed_mid_batch_restarts_from_the_checkpoint_and_loses_nothin
         driver.wait(30)
     before = out.read_text().split()
     assert len(before) == 400  # batches 0 and 1 completed; batch 2 was killed mid-way
+    killed_batch = marker.read_text().split()
     wait_until_nothing_in_flight(client, "events")
 
     restarted = _driver(broker, tmp_path, out, "--max-per-trigger", "200", "--available-now")
@@ -99,7 +102,10 @@ def test_a_driver_killed_mid_batch_restarts_from_the_checkpoint_and_loses_nothin
     finally:
         if restarted.poll() is None:
             os.killpg(restarted.pid, signal.SIGKILL)
-    assert set(out.read_text().split()) == published
+    after = out.read_text().split()
+    assert set(after) == published
+    # The restarted driver replays batch 2 first, with the very messages it held.
+    assert set(after[400:400 + len(killed_batch)]) == set(killed_batch)
 
 
 def test_a_task_that_fails_once_is_retried_without_loss_or_duplicates(

@@ -7,22 +7,32 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PublishRequest(_message.Message):
-    __slots__ = ("topic", "body", "defer_ms")
+    __slots__ = ("topic", "body", "defer_ms", "producer_id", "sequence")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     DEFER_MS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     topic: str
     body: bytes
     defer_ms: int
-    def __init__(self, topic: _Optional[str] = ..., body: _Optional[bytes] = ..., defer_ms: _Optional[int] = ...) -> None: ...
+    producer_id: str
+    sequence: int
+    def __init__(self, topic: _Optional[str] = ..., body: _Optional[bytes] = ..., defer_ms: _Optional[int] = ..., producer_id: _Optional[str] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class MultiPublishRequest(_message.Message):
-    __slots__ = ("topic", "bodies")
+    __slots__ = ("topic", "bodies", "defer_ms", "producer_id", "sequence")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     BODIES_FIELD_NUMBER: _ClassVar[int]
+    DEFER_MS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     topic: str
     bodies: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, topic: _Optional[str] = ..., bodies: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    defer_ms: _containers.RepeatedScalarFieldContainer[int]
+    producer_id: str
+    sequence: int
+    def __init__(self, topic: _Optional[str] = ..., bodies: _Optional[_Iterable[bytes]] = ..., defer_ms: _Optional[_Iterable[int]] = ..., producer_id: _Optional[str] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class PublishResponse(_message.Message):
     __slots__ = ("ids",)
@@ -357,6 +367,14 @@ class LeaseRequest(_message.Message):
     LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
     lease_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, lease_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AdoptLeasesRequest(_message.Message):
+    __slots__ = ("session_id", "lease_ids")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    lease_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., lease_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LeaseResponse(_message.Message):
     __slots__ = ("count", "missing")

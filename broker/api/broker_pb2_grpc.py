@@ -144,6 +144,11 @@ class BrokerStub:
                 request_serializer=broker_dot_api_dot_broker__pb2.LeaseRequest.SerializeToString,
                 response_deserializer=broker_dot_api_dot_broker__pb2.LeaseResponse.FromString,
                 _registered_method=True)
+        self.AdoptLeases = channel.unary_unary(
+                '/pynsq.v1.Broker/AdoptLeases',
+                request_serializer=broker_dot_api_dot_broker__pb2.AdoptLeasesRequest.SerializeToString,
+                response_deserializer=broker_dot_api_dot_broker__pb2.LeaseResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -290,6 +295,15 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AdoptLeases(self, request, context):
+        """Take over leases planned by an earlier session (a reader restarted from its
+        checkpoint replays a batch): a live lease changes hands; a lease requeued
+        when its session ended takes back those of its messages still waiting.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -401,6 +415,11 @@ def add_BrokerServicer_to_server(servicer, server):
             'TouchLeases': grpc.unary_unary_rpc_method_handler(
                     servicer.TouchLeases,
                     request_deserializer=broker_dot_api_dot_broker__pb2.LeaseRequest.FromString,
+                    response_serializer=broker_dot_api_dot_broker__pb2.LeaseResponse.SerializeToString,
+            ),
+            'AdoptLeases': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdoptLeases,
+                    request_deserializer=broker_dot_api_dot_broker__pb2.AdoptLeasesRequest.FromString,
                     response_serializer=broker_dot_api_dot_broker__pb2.LeaseResponse.SerializeToString,
             ),
     }
@@ -997,6 +1016,33 @@ class Broker:
             target,
             '/pynsq.v1.Broker/TouchLeases',
             broker_dot_api_dot_broker__pb2.LeaseRequest.SerializeToString,
+            broker_dot_api_dot_broker__pb2.LeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdoptLeases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pynsq.v1.Broker/AdoptLeases',
+            broker_dot_api_dot_broker__pb2.AdoptLeasesRequest.SerializeToString,
             broker_dot_api_dot_broker__pb2.LeaseResponse.FromString,
             options,
             channel_credentials,

@@ -88,15 +88,19 @@ class BrokerService(pb_grpc.BrokerServicer):
     # -- publishing -------------------------------------------------------
     async def Publish(self, request: pb.PublishRequest, context) -> pb.PublishResponse:
         try:
-            ids = self.broker.multi_publish(request.topic, [request.body],
-                                            defer_ms=request.defer_ms)
+            ids = [self.broker.publish(request.topic, request.body, defer_ms=request.defer_ms,
+                                       producer_id=request.producer_id,
+                                       sequence=request.sequence)]
         except BrokerError as err:
             await context.abort(status_of(err), str(err))
         return pb.PublishResponse(ids=ids)
 
     async def MultiPublish(self, request: pb.MultiPublishRequest, context) -> pb.PublishResponse:
         try:
-            ids = self.broker.multi_publish(request.topic, request.bodies)
+            ids = self.broker.multi_publish(request.topic, request.bodies,
+                                            defer_ms=request.defer_ms,
+                                            producer_id=request.producer_id,
+                                            sequence=request.sequence)
         except BrokerError as err:
             await context.abort(status_of(err), str(err))
         return pb.PublishResponse(ids=ids)
@@ -326,6 +330,10 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     async def TouchLeases(self, request, context):
         return await self._leases(context, self.broker.touch_leases, request)
+
+    async def AdoptLeases(self, request, context):
+        return await self._leases(
+            context, lambda ids: self.broker.adopt_leases(request.session_id, ids), request)
 
 
 def _percentiles(values: list[tuple[float, float]]) -> list[pb.Percentile]:

@@ -49,7 +49,7 @@ def main() -> None:
         ids = [row.id for row in df.select("id").collect()]
         if batch_id == args.hang_on_batch:
             with open(args.marker, "w") as f:
-                f.write(str(len(ids)))
+                f.writelines(f"{i}\n" for i in ids)
             time.sleep(3600)
         with open(args.out, "a") as f:
             f.writelines(f"{i}\n" for i in ids)

@@ -1,0 +1,44 @@
+"""Idempotent publishing: remember which (producer id, sequence) were accepted.
+
+A writer that may replay a request (Spark re-running a micro-batch or a task)
+names each request with a producer id and a sequence number. The broker keeps
+what it answered to each pair for ``window`` seconds, and at most ``capacity``
+pairs (oldest first out); a repeat inside the window publishes nothing and gets
+the same ids back. The window lives in memory: a broker restart forgets it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+DEFAULT_WINDOW_S = 600.0
+DEFAULT_CAPACITY = 1_000_000
+
+
+class Deduplicator:
+    def __init__(self, window: float = DEFAULT_WINDOW_S, capacity: int = DEFAULT_CAPACITY) -> None:
+        self.window = window
+        self.capacity = capacity
+        self._seen: OrderedDict[tuple[str, int], tuple[float, list[str]]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def seen(self, producer_id: str, sequence: int, now: float) -> list[str] | None:
+        """The ids first answered for this request, if it is a repeat."""
+        self._expire(now)
+        entry = self._seen.get((producer_id, sequence))
+        return None if entry is None else entry[1]
+
+    def remember(self, producer_id: str, sequence: int, ids: list[str], now: float) -> None:
+        self._seen[(producer_id, sequence)] = (now, ids)
+        while len(self._seen) > self.capacity:
+            self._seen.popitem(last=False)
+
+    def _expire(self, now: float) -> None:
+        seen = self._seen
+        while seen:
+            key, (at, _) = next(iter(seen.items()))
+            if now - at <= self.window:
+                return
+            del seen[key]
