@@ -9,5 +9,6 @@
 
 from .datasource import SCHEMA, PynsqDataSource
 from .options import OptionError
+from .writer import PublishError, pub_to_topic
 
-__all__ = ["OptionError", "PynsqDataSource", "SCHEMA"]
+__all__ = ["OptionError", "PublishError", "PynsqDataSource", "SCHEMA", "pub_to_topic"]

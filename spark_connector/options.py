@@ -16,9 +16,13 @@ class OptionError(ValueError):
     """A missing, unknown or malformed option of the pynsq source or sink."""
 
 
+# Options Spark itself passes to sources and sinks.
+SPARK_OWN = {"path", "checkpointlocation"}
+
+
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
     # Spark hands a case-insensitive dict; a plain dict may come from tests.
-    return {k.lower(): v for k, v in options.items() if k.lower() != "path"}
+    return {k.lower(): v for k, v in options.items() if k.lower() not in SPARK_OWN}
 
 
 def _check_unknown(given: dict[str, str], known: set[str], what: str) -> None:

@@ -1,0 +1,250 @@
+"""Writers: publish a DataFrame's rows to a pynsq topic, from the executors.
+
+    from spark_connector import pub_to_topic
+
+    (df.selectExpr("CAST(body AS STRING) AS body")
+       .writeStream.foreachBatch(pub_to_topic("127.0.0.1:4170", "lines"))
+       .option("checkpointLocation", "checkpoints/lines").start())
+
+    df.writeStream.format("pynsq").option("address", "127.0.0.1:4170")
+      .option("topic", "lines").option("checkpointLocation", "...").start()
+    df.write.format("pynsq").option("address", "127.0.0.1:4170").option("topic", "lines").save()
+
+Input columns: ``body`` (BINARY or STRING, required, never null), ``topic``
+(STRING, optional: overrides the topic option per row, as Kafka's sink does),
+``defer_ms`` (integer, optional: DPUB per row). Each partition publishes its
+rows in MPUB batches of ``batchSize``; nothing is collected to the driver.
+
+No duplicates on replay: every MPUB names a producer id — (query id, batch id,
+partition) for streams, (write id, partition) for batch writes — and its
+sequence within the partition; the broker answers a request it already
+accepted (within its window, 10 minutes) with the first ids and publishes
+nothing. A micro-batch or task that Spark runs again after some of its
+partitions published therefore publishes each row once, as long as it reads
+the same rows in the same order (the pynsq source guarantees this for
+replayed batches) and the broker was not restarted in between.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Mapping
+
+from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter,
+                                    WriterCommitMessage)
+from pyspark.sql.types import BinaryType, IntegralType, StringType, StructType
+
+from broker.client import Client
+
+from .options import OptionError, _check_unknown, _int, _lower, parse_addresses, require_name
+
+BODY, TOPIC, DEFER = "body", "topic", "defer_ms"
+DEFAULT_BATCH_SIZE = 500
+
+
+class PublishError(ValueError):
+    """A row that cannot be published: a null or oversize body, a bad column."""
+
+
+@dataclass(frozen=True)
+class WriterOptions:
+    address: str
+    topic: str | None
+    batch_size: int
+
+    NAMES = ("address", "topic", "batchSize")
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], schema: StructType) -> "WriterOptions":
+        given = _lower(options)
+        _check_unknown(given, {n.lower() for n in cls.NAMES}, "sink")
+        addresses = parse_addresses(given.get("address"))
+        if len(addresses) != 1:
+            raise OptionError("option address: the pynsq sink publishes to one broker")
+        # A topic column may stand in for the topic option.
+        if TOPIC in schema.names and not given.get("topic"):
+            topic = None
+        else:
+            topic = require_name(given, "topic", "topic")
+        check_columns(schema, BODY, DEFER if DEFER in schema.names else None,
+                      TOPIC if TOPIC in schema.names else None)
+        return cls(addresses[0], topic, _int(given, "batchSize", DEFAULT_BATCH_SIZE))
+
+
+def check_columns(schema: StructType, body: str, defer: str | None, topic: str | None) -> None:
+    """Fail on the driver, naming the column, before any task runs."""
+    fields = {f.name: f.dataType for f in schema.fields}
+    if body not in fields:
+        raise PublishError(f"column {body!r} is required (BINARY or STRING); the DataFrame "
+                           f"has {', '.join(fields) or 'no columns'}")
+    if not isinstance(fields[body], (BinaryType, StringType)):
+        raise PublishError(f"column {body!r} must be BINARY or STRING, not "
+                           f"{fields[body].simpleString()}")
+    if defer is not None and not isinstance(fields.get(defer), IntegralType):
+        raise PublishError(f"defer column {defer!r} must exist and be an integer column")
+    if topic is not None and not isinstance(fields.get(topic), StringType):
+        raise PublishError(f"topic column {topic!r} must exist and be a STRING column")
+
+
+class PartitionPublisher:
+    """Publishes one partition's rows in MPUB batches; runs in an executor."""
+
+    def __init__(self, address: str, default_topic: str | None, producer_id: str,
+                 batch_size: int, where: str) -> None:
+        self.client = Client(address)
+        self.max_size = self.client.info().max_msg_size
+        self.default_topic = default_topic
+        self.producer_id = producer_id
+        self.batch_size = batch_size
+        self.where = where
+        self.sequence = 0
+        self.published = 0
+        self.row = 0
+        self._pending: dict[str, tuple[list[bytes], list[int]]] = {}
+
+    def add(self, body: bytes | str | None, topic: str | None = None,
+            defer_ms: int | None = None) -> None:
+        row = self.row
+        self.row += 1
+        if body is None:
+            raise PublishError(f"{self.where}, row {row}: column 'body' is null")
+        if isinstance(body, str):
+            body = body.encode()
+        if not body:
+            raise PublishError(f"{self.where}, row {row}: column 'body' is empty")
+        if len(body) > self.max_size:
+            raise PublishError(f"{self.where}, row {row}: column 'body' has {len(body)} bytes, "
+                               f"over the broker's max-msg-size of {self.max_size}")
+        topic = topic or self.default_topic
+        if not topic:
+            raise PublishError(f"{self.where}, row {row}: column 'topic' is null and no "
+                               f"topic option was given")
+        bodies, defers = self._pending.setdefault(topic, ([], []))
+        bodies.append(body)
+        defers.append(int(defer_ms or 0))
+        if len(bodies) >= self.batch_size:
+            self._flush(topic)
+
+    def _flush(self, topic: str) -> None:
+        bodies, defers = self._pending.pop(topic)
+        # Each request's sequence is its position in this partition's output, so a
+        # replay of the same rows names the same requests.
+        self.client.multi_publish(topic, bodies, defer_ms=defers if any(defers) else (),
+                                  producer_id=self.producer_id, sequence=self.sequence)
+        self.sequence += 1
+        self.published += len(bodies)
+
+    def finish(self) -> int:
+        """Publish what is pending; returns how many rows were published in all."""
+        for topic in list(self._pending):
+            self._flush(topic)
+        return self.published
+
+    def close(self) -> None:
+        self.client.close()
+
+    def add_arrow(self, batches: Iterable) -> None:
+        for batch in batches:
+            names = batch.schema.names
+            bodies = batch.column(names.index(BODY)).to_pylist()
+            topics = (batch.column(names.index(TOPIC)).to_pylist() if TOPIC in names
+                      else [None] * len(bodies))
+            defers = (batch.column(names.index(DEFER)).to_pylist() if DEFER in names
+                      else [None] * len(bodies))
+            for body, topic, defer in zip(bodies, topics, defers):
+                self.add(body, topic, defer)
+
+
+def publish_partition(address: str, topic: str | None, producer: str, batch_size: int,
+                      kind: str, batches: Iterable) -> int:
+    """Publish this task's Arrow batches as producer ``producer:PARTITION``."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    partition = ctx.partitionId() if ctx else 0
+    publisher = PartitionPublisher(address, topic, f"{producer}:{partition}", batch_size,
+                                   f"{kind} partition {partition}")
+    try:
+        publisher.add_arrow(batches)
+        return publisher.finish()
+    finally:
+        publisher.close()
+
+
+def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SIZE,
+                 body_column: str = BODY, defer_column: str | None = None,
+                 topic_column: str | None = None):
+    """A ``foreachBatch`` function publishing each micro-batch to ``topic``.
+
+    ``body_column`` (BINARY or STRING) is required; ``defer_column`` gives a
+    per-row defer in milliseconds; ``topic_column`` overrides ``topic`` per row.
+    Each partition publishes from its executor in MPUB batches of
+    ``batch_size``. A broker error fails the batch, so Spark retries it; the
+    retry publishes nothing already published.
+    """
+    parse_addresses(address)
+    if batch_size < 1:
+        raise OptionError(f"batch_size must be at least 1, got {batch_size}")
+
+    def publish_batch(df, batch_id: int) -> None:
+        check_columns(df.schema, body_column, defer_column, topic_column)
+        query_id = (df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+                    or f"foreachBatch-{topic}")
+        columns = [df[body_column].alias(BODY)]
+        if topic_column:
+            columns.append(df[topic_column].alias(TOPIC))
+        if defer_column:
+            columns.append(df[defer_column].alias(DEFER))
+
+        def publish(batches: Iterator) -> Iterator:
+            import pyarrow as pa
+
+            published = publish_partition(address, topic, f"{query_id}:{batch_id}", batch_size,
+                                          f"batch {batch_id}", batches)
+            yield pa.RecordBatch.from_pydict({"published": [published]})
+
+        df.select(*columns).mapInArrow(publish, "published LONG").groupBy().sum().collect()
+
+    return publish_batch
+
+
+class _Count(WriterCommitMessage):
+    def __init__(self, published: int) -> None:
+        self.published = published
+
+
+class PynsqStreamWriter(DataSourceStreamArrowWriter):
+    """``df.writeStream.format("pynsq")``: one producer id per (query, batch, partition)."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.options = WriterOptions.parse(options, schema)
+
+    def write(self, iterator: Iterator) -> WriterCommitMessage:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        query_id = ctx.getLocalProperty("sql.streaming.queryId")
+        batch_id = ctx.getLocalProperty("streaming.sql.batchId")
+        o = self.options
+        return _Count(publish_partition(o.address, o.topic, f"{query_id}:{batch_id}",
+                                        o.batch_size, f"batch {batch_id}", iterator))
+
+    def commit(self, messages, batchId: int) -> None:
+        pass
+
+    def abort(self, messages, batchId: int) -> None:
+        pass
+
+
+class PynsqBatchWriter(DataSourceArrowWriter):
+    """``df.write.format("pynsq")``: one producer id per (write, partition)."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.options = WriterOptions.parse(options, schema)
+        self.write_id = uuid.uuid4().hex  # made on the driver, shipped to every task
+
+    def write(self, iterator: Iterator) -> WriterCommitMessage:
+        o = self.options
+        return _Count(publish_partition(o.address, o.topic, f"write-{self.write_id}",
+                                        o.batch_size, "write", iterator))

@@ -1,0 +1,183 @@
+"""Writers: pub_to_topic, the native sink and batch writes, round trips through a real
+broker, and replays that publish nothing twice."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+from pyspark import TaskContext
+from pyspark.errors.exceptions.captured import StreamingQueryException
+
+from spark_connector import PublishError, pub_to_topic
+
+from .helpers import wait_for
+from .spark_helpers import channel_stats, publish, reader
+
+
+def drain(client, topic: str, channel: str = "check") -> Counter:
+    """Every body in ``topic``/``channel`` (FINed), counted."""
+    bodies: Counter = Counter()
+    depth = channel_stats(client, topic, channel).depth
+    with client.subscribe(topic, channel, rdy=1000) as sub:
+        while sum(bodies.values()) < depth:
+            msg = sub.get(timeout=10)
+            assert msg is not None, f"got {sum(bodies.values())} of {depth}"
+            bodies[msg.body] += 1
+            sub.fin(msg.id)
+    return bodies
+
+
+def relay(spark, address, checkpoint, sink, source="a"):
+    """Topic A -> pynsq source -> upper-case -> ``sink``; availableNow."""
+    df = reader(spark, address, source, maxMessagesPerTrigger=100).selectExpr(
+        "upper(CAST(body AS STRING)) AS body")
+    return sink(df.writeStream.option("checkpointLocation", str(checkpoint))
+                .trigger(availableNow=True)).start()
+
+
+def expected_bodies(n: int) -> Counter:
+    return Counter(f"MSG-{i}".encode() for i in range(n))
+
+
+def test_pub_to_topic_relays_every_message_once(spark, broker, client, tmp_path):
+    client.admin("channel", "create", "b", "check")
+    publish(client, "a", 500)
+    query = relay(spark, broker.address, tmp_path / "ck",
+                  lambda w: w.foreachBatch(pub_to_topic(broker.address, "b", batch_size=64)))
+    assert query.awaitTermination(120)
+    assert drain(client, "b") == expected_bodies(500)
+
+
+def test_the_native_sink_relays_every_message_once(spark, broker, client, tmp_path):
+    client.admin("channel", "create", "b", "check")
+    publish(client, "a", 500)
+    query = relay(spark, broker.address, tmp_path / "ck",
+                  lambda w: w.format("pynsq").option("address", broker.address)
+                  .option("topic", "b"))
+    assert query.awaitTermination(120)
+    assert drain(client, "b") == expected_bodies(500)
+
+
+def test_a_failure_between_publish_and_commit_leaves_each_message_once(
+        spark, broker, client, tmp_path):
+    client.admin("channel", "create", "b", "check")
+    publish(client, "a", 400)
+    publish_b = pub_to_topic(broker.address, "b")
+    failed = []
+
+    def publish_then_fail_once(df, batch_id):
+        publish_b(df, batch_id)
+        if batch_id == 1 and not failed:
+            failed.append(batch_id)
+            raise RuntimeError("injected failure after publishing batch 1")
+
+    checkpoint = tmp_path / "ck"
+    first = relay(spark, broker.address, checkpoint, lambda w: w.foreachBatch(publish_then_fail_once))
+    with pytest.raises(StreamingQueryException, match="injected failure"):
+        first.awaitTermination(120)
+    assert channel_stats(client, "b", "check").depth == 200  # batches 0 and 1 published
+    wait_for(lambda: channel_stats(client, "a", "spark").in_flight_count == 0, 60,
+             message="the failed run's leases to be requeued")
+    second = relay(spark, broker.address, checkpoint, lambda w: w.foreachBatch(publish_then_fail_once))
+    assert second.awaitTermination(120)
+    bodies = drain(client, "b")
+    assert bodies == expected_bodies(400)
+    assert max(bodies.values()) == 1
+
+
+def test_a_batch_that_fails_after_some_partitions_published_is_replayed_without_duplicates(
+        spark, broker, client, tmp_path):
+    client.admin("channel", "create", "b", "check")
+    publish(client, "a", 300)
+    flag = tmp_path / "fail"
+    flag.write_text("on")
+    address = broker.address
+
+    def fail_partition_1_after_partition_0_published(batches):
+        from broker import Client as C
+
+        ctx = TaskContext.get()
+        if ctx.partitionId() == 1 and os.path.exists(str(flag)):
+            with C(address) as c:
+                wait_for(lambda: any(t.name == "b" and t.channels and t.channels[0].depth > 0
+                                     for t in c.stats().topics), 60, message="partition 0")
+            raise RuntimeError("injected failure in partition 1")
+        yield from batches
+
+    def sink(w):
+        return w.format("pynsq").option("address", address).option("topic", "b")
+
+    df = reader(spark, address, "a").selectExpr("upper(CAST(body AS STRING)) AS body")
+    df = df.mapInArrow(fail_partition_1_after_partition_0_published, df.schema)
+    checkpoint = str(tmp_path / "ck")
+    first = sink(df.writeStream.option("checkpointLocation", checkpoint)
+                 .trigger(availableNow=True)).start()
+    with pytest.raises(StreamingQueryException, match="injected failure in partition 1"):
+        first.awaitTermination(180)
+    published_before = channel_stats(client, "b", "check").depth
+    assert 0 < published_before < 300
+    flag.unlink()
+    wait_for(lambda: channel_stats(client, "a", "spark").in_flight_count == 0, 60,
+             message="the failed run's leases to be requeued")
+    second = sink(df.writeStream.option("checkpointLocation", checkpoint)
+                  .trigger(availableNow=True)).start()
+    assert second.awaitTermination(180)
+    bodies = drain(client, "b")
+    assert bodies == expected_bodies(300)
+
+
+def test_batch_write_with_a_topic_column_routes_rows(spark, broker, client):
+    for topic in ("x", "y"):
+        client.admin("channel", "create", topic, "check")
+    rows = [(f"to-{t}-{i}", t) for i in range(20) for t in ("x", "y")]
+    (spark.createDataFrame(rows, "body STRING, topic STRING").repartition(3)
+     .write.format("pynsq").option("address", broker.address).mode("append").save())
+    assert drain(client, "x") == Counter(f"to-x-{i}".encode() for i in range(20))
+    assert drain(client, "y") == Counter(f"to-y-{i}".encode() for i in range(20))
+
+
+def test_batch_write_of_binary_bodies_with_a_defer_column(spark, broker, client):
+    client.admin("channel", "create", "d", "check")
+    df = spark.createDataFrame([(bytearray(b"now"), 0), (bytearray(b"later"), 60_000)],
+                               "body BINARY, defer_ms INT")
+    df.write.format("pynsq").option("address", broker.address).option("topic", "d") \
+        .mode("append").save()
+    stats = channel_stats(client, "d", "check")
+    assert (stats.depth, stats.deferred_count) == (1, 1)
+
+
+def test_a_missing_body_column_is_named(spark, broker):
+    df = spark.createDataFrame([("x",)], "value STRING")
+    with pytest.raises(PublishError, match="column 'body' is required"):
+        pub_to_topic(broker.address, "b")(df, 0)
+    with pytest.raises(Exception, match="column 'body' is required"):
+        df.write.format("pynsq").option("address", broker.address).option("topic", "b") \
+            .mode("append").save()
+
+
+def test_a_null_body_fails_naming_the_row(spark, broker):
+    df = spark.createDataFrame([("ok",), (None,)], "body STRING").coalesce(1)
+    with pytest.raises(Exception, match="row 1: column 'body' is null"):
+        pub_to_topic(broker.address, "b")(df, 0)
+
+
+def test_an_oversize_body_fails_naming_the_limit(spark, broker):
+    df = spark.createDataFrame([("x" * (1024 * 1024 + 1),)], "body STRING")
+    with pytest.raises(Exception, match="over the broker's max-msg-size of 1048576"):
+        pub_to_topic(broker.address, "b")(df, 0)
+
+
+@pytest.mark.parametrize("options, text", [
+    ({"topic": "b", "colour": "red"}, "unknown option(s) for the pynsq sink: colour"),
+    ({}, "option topic is required"),
+    ({"topic": "bad name"}, "invalid topic name"),
+])
+def test_bad_sink_options_are_named(spark, broker, options, text):
+    w = spark.createDataFrame([("x",)], "body STRING").write.format("pynsq") \
+        .option("address", broker.address)
+    for key, value in options.items():
+        w = w.option(key, value)
+    with pytest.raises(Exception, match=text.replace("(", r"\(").replace(")", r"\)")):
+        w.mode("append").save()
