@@ -181,3 +181,27 @@ def test_bad_sink_options_are_named(spark, broker, options, text):
         w = w.option(key, value)
     with pytest.raises(Exception, match=text.replace("(", r"\(").replace(")", r"\)")):
         w.mode("append").save()
+
+
+def test_the_spark_submit_relay_job_runs_for_real(broker, client, tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    client.admin("channel", "create", "enriched", "check")
+    client.multi_publish("events", [json.dumps({"n": i}).encode() for i in range(100)]
+                         + [b"not json"])
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
+         "--conf", "spark.ui.enabled=false", str(root / "examples" / "relay_job.py"),
+         "--address", broker.address, "--source-topic", "events", "--channel", "relay",
+         "--sink-topic", "enriched", "--checkpoint", str(tmp_path / "ck"), "--available-now"],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = [json.loads(body) for body in drain(client, "enriched").elements()]
+    assert sorted(int(o["n"]) for o in out if "n" in o) == list(range(100))
+    assert [o["raw"] for o in out if "raw" in o] == ["not json"]
+    assert all(o["attempts"] == "1" and len(o["source_id"]) == 16 for o in out)
