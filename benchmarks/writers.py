@@ -1,0 +1,93 @@
+"""Spark write throughput: rows/s published by pub_to_topic and by the native sink.
+
+    python benchmarks/writers.py [--rows 1000000]
+
+N cached rows of 100-byte bodies are published to a topic of a ``pynsqd``
+subprocess by the function ``pub_to_topic`` hands to ``foreachBatch`` (called
+as Spark would, with the DataFrame and a batch id) and by the writer behind
+``format("pynsq")`` (through ``df.write``; the stream sink is the same
+writer), next to the same DataFrame written to Spark's ``noop`` sink in the
+same session: the ceiling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+from pyspark.sql import SparkSession, functions as F  # noqa: E402
+
+from broker import Client  # noqa: E402
+from spark_connector import pub_to_topic  # noqa: E402
+
+
+def start_broker() -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "pynsqd"), "--grpc-address",
+                             address, "--log-level", "warning"])
+    client = Client(address, timeout=1)
+    for _ in range(200):
+        try:
+            client.ping()
+            break
+        except Exception:
+            time.sleep(0.05)
+    client.close()
+    return proc, address
+
+
+def timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=2)
+    args = parser.parse_args()
+    spark = (SparkSession.builder.master("local[2]").appName("pynsq-bench-writers")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    df = (spark.range(args.rows, numPartitions=args.partitions)
+          .select(F.lpad(F.col("id").cast("string"), 100, "x").alias("body")).cache())
+    df.count()
+    proc, address = start_broker()
+    client = Client(address)
+    try:
+        noop_s = timed(lambda: df.write.format("noop").mode("overwrite").save())
+        fb_s = timed(lambda: pub_to_topic(address, "bench-fb")(df, 0))
+        client.admin("topic", "delete", "bench-fb")
+        sink_s = timed(lambda: df.write.format("pynsq").option("address", address)
+                       .option("topic", "bench-sink").mode("append").save())
+        depth = client.stats("bench-sink").topics[0].depth
+        client.admin("topic", "delete", "bench-sink")
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(30)
+    rate = lambda s: round(args.rows / s)  # noqa: E731
+    print(json.dumps({"rows": args.rows, "noop_rows_per_s": rate(noop_s),
+                      "pub_to_topic_rows_per_s": rate(fb_s),
+                      "native_sink_rows_per_s": rate(sink_s), "sink_depth": depth,
+                      "pub_to_topic_vs_noop": round(noop_s / fb_s, 3),
+                      "native_sink_vs_noop": round(noop_s / sink_s, 3)}, indent=2))
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
