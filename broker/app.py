@@ -12,6 +12,7 @@ import logging
 from .core import TICK_INTERVAL, Broker
 from .options import Options
 from .server.grpc_server import start_grpc_server
+from .storage import Storage
 
 log = logging.getLogger("pynsqd")
 
@@ -25,8 +26,20 @@ class BrokerApp:
         self._ticker: asyncio.Task | None = None
 
     async def start(self) -> None:
-        self._grpc, self.grpc_address = await start_grpc_server(self.broker,
-                                                               self.options.grpc_address)
+        if self.options.data_path:
+            storage = Storage(self.broker, self.options)
+            try:
+                storage.recover()
+            except BaseException:
+                storage.close()
+                raise
+            self.broker.storage = storage
+        try:
+            self._grpc, self.grpc_address = await start_grpc_server(self.broker,
+                                                                   self.options.grpc_address)
+        except BaseException:
+            self._close_storage()
+            raise
         self._ticker = asyncio.create_task(self._tick_forever())
         log.info("gRPC: listening on %s", self.grpc_address)
 
@@ -37,12 +50,20 @@ class BrokerApp:
         if self._ticker is not None:
             self._ticker.cancel()
             self._ticker = None
+        self._close_storage()
         log.info("stopped")
+
+    def _close_storage(self) -> None:
+        storage, self.broker.storage = self.broker.storage, None
+        if storage is not None:
+            storage.close()
 
     async def _tick_forever(self) -> None:
         while True:
             await asyncio.sleep(TICK_INTERVAL)
             try:
                 self.broker.tick()
+                if self.broker.storage is not None:
+                    self.broker.storage.tick()
             except Exception:  # a bug must not stop time for everyone
                 log.exception("tick failed")

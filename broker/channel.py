@@ -32,7 +32,10 @@ class Channel:
         self.deleted = False
         self._broker = topic.broker
         self._clock = topic.broker.clock
-        self._ready: deque[Message] = deque()
+        # Past --mem-queue-size, a durable message waits as its disk location only
+        # (an int), and is read back when it comes up.
+        self._ready: deque[Message | int] = deque()
+        self.created_epoch = topic.epoch
         self._in_flight = DeadlineQueue()
         self._deferred = DeadlineQueue()
         self._consumers: list[Consumer] = []
@@ -61,16 +64,23 @@ class Channel:
         return list(self._consumers)
 
     # -- from the topic ---------------------------------------------------
-    def put(self, msg: Message) -> None:
-        self._ready.append(msg)
-        self.message_count += 1
+    def put_many(self, msgs: list[Message]) -> None:
+        self.message_count += len(msgs)
+        spill = self._broker.mem_queue_limit
+        room = len(msgs) if spill is None else max(0, spill - len(self._ready))
+        if room >= len(msgs) or not msgs[0].loc:
+            self._ready.extend(msgs)
+        else:
+            self._ready.extend(msgs[:room])
+            self._ready.extend(m.loc for m in msgs[room:])
         self._pump()
 
-    def put_many(self, msgs: Iterable[Message]) -> None:
-        before = len(self._ready)
-        self._ready.extend(msgs)
-        self.message_count += len(self._ready) - before
-        self._pump()
+    def restore(self, restored: tuple[list["Message | int"], list[tuple[Message, float]]]) -> None:
+        """Queue messages recovered from disk: (ready, [(deferred, seconds left)])."""
+        ready, deferred = restored
+        self._ready.extend(ready)
+        for msg, delay in deferred:
+            self._deferred.push(msg, self._clock.monotonic() + delay)
 
     def put_deferred(self, msg: Message, delay: float) -> None:
         self.message_count += 1
@@ -122,6 +132,9 @@ class Channel:
             return []
         ready = self._ready
         taken = [ready.popleft() for _ in range(min(limit, len(ready)))]
+        if any(type(m) is int for m in taken):
+            load = self._broker.load_message
+            taken = [load(self.topic, m) if type(m) is int else m for m in taken]
         self._hold_all(holder, taken)
         return taken
 
@@ -206,6 +219,7 @@ class Channel:
         self.requeue_count += 1
         if delay > 0:
             self._deferred.push(msg, self._clock.monotonic() + delay)
+            self._broker.on_deferred(self, msg, delay)
         else:
             self._ready.append(msg)
         self._pump()
@@ -251,12 +265,11 @@ class Channel:
 
     def empty(self) -> None:
         """Drop every queued, deferred and in-flight message (as nsqd does)."""
+        dropped = list(self._ready) + self._deferred.clear() + self._in_flight.clear()
         self._ready.clear()
-        self._deferred.clear()
-        self._in_flight.clear()
         for consumer in self._consumers:
             consumer.in_flight.clear()
-        self._broker.on_channel_emptied(self)
+        self._broker.on_dropped(self.topic, self, dropped)
 
     def close(self) -> list[Consumer]:
         """Forget everything; return the consumers that were attached."""
@@ -265,6 +278,10 @@ class Channel:
         self._consumers.clear()
         self.empty()
         return consumers
+
+    def pending(self) -> tuple[list["Message | int"], list[Message], list[Message]]:
+        """(ready, in flight, deferred), for storage to persist at shutdown."""
+        return list(self._ready), self._in_flight.live(), self._deferred.live()
 
     # -- delivery ---------------------------------------------------------
     def _pump(self) -> None:
@@ -281,7 +298,10 @@ class Channel:
                     break
             else:
                 return
-            self._start_in_flight(ready.popleft(), consumer)
+            msg = ready.popleft()
+            if type(msg) is int:
+                msg = self._broker.load_message(self.topic, msg)
+            self._start_in_flight(msg, consumer)
 
     def _start_in_flight(self, msg: Message, consumer: Consumer) -> None:
         msg.attempts += 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from .channel import Channel
 from .clock import Clock
@@ -25,6 +25,9 @@ from .names import check_channel_name, check_topic_name
 from .options import Options
 from .stats import TopicStats
 from .topic import Topic
+
+if TYPE_CHECKING:
+    from .storage import Storage
 
 log = logging.getLogger("pynsqd")
 
@@ -46,6 +49,7 @@ class Broker:
         # Leases requeued because their session ended, for a replay to adopt.
         self._requeued: OrderedDict[str, Lease] = OrderedDict()
         self.dedupe = Deduplicator()
+        self.storage: "Storage | None" = None  # set by BrokerApp when --data-path is given
 
     # -- publishing -------------------------------------------------------
     def publish(self, topic: str, body: bytes, *, defer_ms: int = 0, producer_id: str = "",
@@ -84,7 +88,7 @@ class Broker:
         now = self.clock.wall_ns()
         new_id = self.new_id
         msgs = [Message(new_id(), body, now) for body in bodies]
-        self.on_publish(t, msgs)
+        self.on_publish(t, msgs, defers)
         if not any(defers):
             t.publish(msgs, 0.0)
         else:
@@ -300,17 +304,44 @@ class Broker:
             return [self.topic(topic).stats(channel or None)]
         return [t.stats() for _, t in sorted(self.topics.items())]
 
-    # -- hooks (storage and servers override or set these) ---------------
-    def on_publish(self, topic: Topic, msgs: list[Message]) -> None:
-        pass
+    # -- hooks: what storage must hear of ---------------------------------
+    @property
+    def mem_queue_limit(self) -> int | None:
+        """Ready messages a channel keeps in memory; None: all of them."""
+        return self.options.mem_queue_size if self.storage is not None else None
+
+    def load_message(self, topic: Topic, loc: int) -> Message:
+        """A message that waited on disk only (as its location), read back."""
+        assert self.storage is not None
+        return self.storage.load(topic, loc)
+
+    def on_publish(self, topic: Topic, msgs: list[Message], defers: list[int]) -> None:
+        if self.storage is not None:
+            self.storage.published(topic, msgs, defers)
+
+    def on_held_flushed(self, topic: Topic, msgs: list[Message]) -> None:
+        if self.storage is not None:
+            self.storage.held_flushed(topic, msgs)
 
     def on_finish(self, channel: Channel, msg: Message) -> None:
-        pass
+        if self.storage is not None:
+            self.storage.finished(channel, msg)
+
+    def on_deferred(self, channel: Channel, msg: Message, delay: float) -> None:
+        if self.storage is not None:
+            self.storage.deferred(channel, msg, delay)
+
+    def on_dropped(self, topic: Topic, channel: Channel | None,
+                   msgs: list[Message | int]) -> None:
+        if self.storage is not None:
+            self.storage.dropped(topic, channel, msgs)
 
     def on_topic_created(self, topic: Topic) -> None:
         self.on_metadata_changed()
 
     def on_topic_deleted(self, topic: Topic) -> None:
+        if self.storage is not None:
+            self.storage.topic_deleted(topic)
         self.on_metadata_changed()
 
     def on_channel_created(self, channel: Channel) -> None:
@@ -322,11 +353,9 @@ class Broker:
                 self._forget_lease(lease_id)
         self.on_metadata_changed()
 
-    def on_channel_emptied(self, channel: Channel) -> None:
-        pass
-
     def on_metadata_changed(self) -> None:
-        pass
+        if self.storage is not None:
+            self.storage.metadata_changed()
 
     def on_consumer_evicted(self, consumer: Consumer) -> None:
         if consumer.on_evicted is not None:

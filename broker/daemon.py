@@ -19,6 +19,7 @@ import sys
 from . import __version__
 from .app import BrokerApp
 from .options import Options, option_help
+from .storage import DataPathLocked
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="[pynsqd] %(asctime)s %(levelname)s: %(message)s")
     try:
         asyncio.run(serve(options))
-    except OSError as err:
+    except (OSError, DataPathLocked) as err:
         logging.getLogger("pynsqd").error("%s", err)
         return 1
     return 0

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 class Message:
     __slots__ = ("id", "body", "timestamp", "attempts", "consumer", "deadline", "token",
-                 "delivered_at")
+                 "delivered_at", "loc")
 
     def __init__(self, id: str, body: bytes, timestamp: int, attempts: int = 0) -> None:
         self.id = id
@@ -28,9 +28,12 @@ class Message:
         self.deadline = 0.0                 # in-flight or deferred deadline (monotonic s)
         self.token = 0                      # changes whenever a queued deadline is void
         self.delivered_at = 0.0
+        self.loc = 0                        # where its record is on disk (0: nowhere)
 
     def copy(self) -> "Message":
-        return Message(self.id, self.body, self.timestamp, self.attempts)
+        msg = Message(self.id, self.body, self.timestamp, self.attempts)
+        msg.loc = self.loc
+        return msg
 
     def __repr__(self) -> str:
         return f"Message(id={self.id!r}, attempts={self.attempts}, body={self.body[:32]!r})"

@@ -75,6 +75,9 @@ class DeadlineQueue:
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
+    def live(self) -> list[Message]:
+        return [entry[2] for entry in self._heap if entry[3] == entry[2].token]
+
     def clear(self) -> list[Message]:
         live = [entry[2] for entry in self._heap if entry[3] == entry[2].token]
         for msg in live:

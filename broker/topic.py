@@ -27,6 +27,9 @@ class Topic:
         self.ephemeral = is_ephemeral(name)
         self.paused = False
         self.channels: dict[str, Channel] = {}
+        # Counts changes to the set of channels: a durable message records the
+        # epoch it was published in, so recovery knows which channels it went to.
+        self.epoch = 0
         # (message, deliver-at monotonic seconds or 0) held for later channels
         self._held: deque[tuple[Message, float]] = deque()
         self.message_count = 0
@@ -60,6 +63,7 @@ class Topic:
         if self.paused or not self.channels or not self._held:
             return
         held, self._held = self._held, deque()
+        self.broker.on_held_flushed(self, [m for m, _ in held])
         now = self.broker.clock.monotonic()
         ready = [m for m, until in held if until <= now]
         if ready:
@@ -67,6 +71,16 @@ class Topic:
         for m, until in held:
             if until > now:
                 self._copy_to_channels([m], until - now)
+
+    def restore_held(self, restored: tuple[list["Message | int"], list[tuple[Message, float]]]
+                     ) -> None:
+        """Hold messages recovered from disk until this topic has a channel."""
+        ready, deferred = restored
+        now = self.broker.clock.monotonic()
+        load = self.broker.load_message
+        self._held.extend((m if type(m) is not int else load(self, m), 0.0) for m in ready)
+        self._held.extend((m, now + delay) for m, delay in deferred)
+        self._flush_held()
 
     def channel(self, name: str) -> Channel:
         try:
@@ -78,6 +92,7 @@ class Topic:
         channel = self.channels.get(name)
         if channel is None:
             check_channel_name(name)
+            self.epoch += 1
             channel = Channel(self, name)
             self.channels[name] = channel
             self.broker.on_channel_created(channel)
@@ -87,6 +102,7 @@ class Topic:
     def delete_channel(self, name: str) -> None:
         channel = self.channel(name)
         del self.channels[name]
+        self.epoch += 1
         for consumer in channel.close():
             self.broker.on_consumer_evicted(consumer)
         self.broker.on_channel_deleted(channel)
@@ -104,7 +120,9 @@ class Topic:
 
     def empty(self) -> None:
         """Drop what the topic holds for later channels (channels keep theirs)."""
+        dropped = [m for m, _ in self._held]
         self._held.clear()
+        self.broker.on_dropped(self, None, dropped)
 
     def close(self) -> None:
         for name in list(self.channels):

@@ -1,0 +1,98 @@
+"""The record format of a topic's log, and a scanner that survives damage.
+
+Every record is ``[magic 2][type 1][length 4][crc32 4][payload]`` (big-endian);
+the CRC covers type and payload. A scan that meets a bad magic, a bad CRC or a
+record cut short logs it, and resynchronises on the next magic that starts a
+valid record, so everything valid before and after the damage is kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Iterator
+
+log = logging.getLogger("pynsqd")
+
+MAGIC = b"\xa5\x5a"
+HEADER = struct.Struct(">2sBII")          # magic, type, payload length, crc32
+HEADER_SIZE = HEADER.size
+
+PUB, FIN, DEFER, ATTEMPTS, EMPTY = 1, 2, 3, 4, 5
+
+# PUB: topic epoch, id, publish ns, deliver-at wall ns (0: at once), then the body.
+PUB_HEAD = struct.Struct(">IQqq")
+# FIN / DEFER / ATTEMPTS name a channel (length-prefixed) and a message.
+ID_AT = struct.Struct(">Qqh")             # id, deliver-at wall ns, attempts
+MAX_PAYLOAD = 64 << 20
+
+
+def encode(kind: int, payload: bytes) -> bytes:
+    crc = zlib.crc32(payload, zlib.crc32(bytes((kind,))))
+    return HEADER.pack(MAGIC, kind, len(payload), crc) + payload
+
+
+def pub(epoch: int, msg_id: int, timestamp: int, deliver_at: int, body: bytes) -> bytes:
+    return encode(PUB, PUB_HEAD.pack(epoch, msg_id, timestamp, deliver_at) + body)
+
+
+def channel_event(kind: int, channel: str, msg_id: int = 0, deliver_at: int = 0,
+                  attempts: int = 0) -> bytes:
+    name = channel.encode()
+    return encode(kind, bytes((len(name),)) + name + ID_AT.pack(msg_id, deliver_at, attempts))
+
+
+@dataclass(slots=True)
+class Record:
+    kind: int
+    offset: int                 # of the record's header in its file
+    payload: memoryview
+
+    def pub(self) -> tuple[int, int, int, int, int]:
+        """(epoch, id, timestamp, deliver_at, body offset within the file)."""
+        epoch, msg_id, ts, deliver_at = PUB_HEAD.unpack_from(self.payload)
+        return epoch, msg_id, ts, deliver_at, self.offset + HEADER_SIZE + PUB_HEAD.size
+
+    def body(self) -> bytes:
+        return bytes(self.payload[PUB_HEAD.size:])
+
+    def channel_event(self) -> tuple[str, int, int, int]:
+        """(channel, id, deliver_at, attempts)."""
+        n = self.payload[0]
+        channel = bytes(self.payload[1:1 + n]).decode()
+        msg_id, deliver_at, attempts = ID_AT.unpack_from(self.payload, 1 + n)
+        return channel, msg_id, deliver_at, attempts
+
+
+def scan(data: bytes, where: str) -> tuple[Iterator[Record], list[int]]:
+    """Iterate the valid records of ``data``; the list gets the end of the last valid one."""
+    end = [0]
+
+    def records() -> Iterator[Record]:
+        view = memoryview(data)
+        pos, size, damaged_at = 0, len(data), None
+        while pos + HEADER_SIZE <= size:
+            magic, kind, length, crc = HEADER.unpack_from(data, pos)
+            start, stop = pos + HEADER_SIZE, pos + HEADER_SIZE + length
+            if (magic == MAGIC and length <= MAX_PAYLOAD and stop <= size
+                    and zlib.crc32(view[start:stop], zlib.crc32(bytes((kind,)))) == crc):
+                if damaged_at is not None:
+                    log.warning("%s: skipped %d damaged byte(s) at offset %d", where,
+                                pos - damaged_at, damaged_at)
+                    damaged_at = None
+                yield Record(kind, pos, view[start:stop])
+                pos = stop
+                end[0] = pos
+                continue
+            if damaged_at is None:
+                damaged_at = pos
+            nxt = data.find(MAGIC, pos + 1)
+            pos = nxt if nxt >= 0 else size
+        if damaged_at is not None or pos < size:
+            log.warning("%s: %d byte(s) at offset %d are a damaged or torn record; skipped",
+                        where, size - (damaged_at if damaged_at is not None else pos),
+                        damaged_at if damaged_at is not None else pos)
+
+    return records(), end

@@ -1,0 +1,215 @@
+"""Durability with a real `pynsqd` process: what was acknowledged survives kill -9,
+clean shutdowns keep in-flight and deferred messages, damage is skipped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from broker import Client, EmbeddedBroker
+from broker.storage import DataPathLocked
+
+from .helpers import Daemon, wait_for
+
+
+@pytest.fixture
+def daemons(tmp_path):
+    started: list[Daemon] = []
+
+    def start(*args: str, port: int | None = None) -> Daemon:
+        d = Daemon("--data-path", str(tmp_path / "data"), *args, port=port)
+        started.append(d)
+        return d.wait_ready()
+
+    yield start
+    for d in started:
+        d.kill()
+
+
+def consume_all(address: str, topic: str, channel: str, idle: float = 1.0,
+                fin: bool = True) -> dict[str, bytes]:
+    """Every message the channel delivers until it stays quiet for ``idle`` seconds."""
+    got: dict[str, bytes] = {}
+    with Client(address) as client, client.subscribe(topic, channel, rdy=1000) as sub:
+        while True:
+            msg = sub.get(timeout=idle)
+            if msg is None:
+                return got
+            got[msg.id] = msg.body
+            if fin:
+                sub.fin(msg.id)
+
+
+def publish_n(address: str, topic: str, n: int) -> list[str]:
+    with Client(address) as client:
+        ids = []
+        for start in range(0, n, 250):
+            ids += client.multi_publish(topic, [f"m-{i}".encode()
+                                                for i in range(start, min(n, start + 250))])
+        return ids
+
+
+def test_acknowledged_messages_survive_kill_9_and_unfinished_ones_come_back(daemons):
+    d = daemons()
+    with Client(d.address) as client:
+        client.admin("channel", "create", "events", "work")
+    ids = publish_n(d.address, "events", 2000)
+    finished, in_flight = set(), set()
+    with Client(d.address) as client, client.subscribe("events", "work", rdy=700) as sub:
+        for i in range(700):
+            msg = sub.get(10)
+            (finished if i < 500 else in_flight).add(msg.id)
+        sub.fin(*finished)
+        wait_for(lambda: client.stats("events").topics[0].channels[0].finish_count == 500, 10,
+                 message="500 FINs")
+        d.proc.kill()  # SIGKILL, with 200 messages in flight
+        d.proc.wait(10)
+    restarted = daemons(port=d.port)
+    back = consume_all(restarted.address, "events", "work")
+    assert set(back) == set(ids) - finished
+    assert in_flight <= set(back)
+
+
+def test_a_clean_shutdown_keeps_in_flight_and_deferred_messages_and_their_delays(daemons):
+    d = daemons()
+    with Client(d.address) as client:
+        client.admin("channel", "create", "events", "work")
+        ids = client.multi_publish("events", [b"a", b"b", b"c"])
+        late = client.publish("events", b"later", defer_ms=4000)
+        with client.subscribe("events", "work", rdy=3) as sub:
+            held = [sub.get(10) for _ in range(3)]
+            sub.req(held[0].id, delay_ms=4000)
+            wait_for(lambda: client.stats("events").topics[0].channels[0].deferred_count == 2,
+                     10, message="two deferred")
+            stopped_at = time.monotonic()
+            assert d.stop(signal.SIGTERM) == 0
+    restarted = daemons(port=d.port)
+    early = consume_all(restarted.address, "events", "work", idle=1.0)
+    assert set(early) == set(ids[1:])  # in flight at shutdown: back at once
+    assert time.monotonic() - stopped_at < 4  # so the deferred ones were not due yet
+    with Client(restarted.address) as client:
+        assert client.stats("events").topics[0].channels[0].deferred_count == 2
+    later = consume_all(restarted.address, "events", "work", idle=6.0)
+    assert set(later) == {ids[0], late}
+
+
+def test_topics_channels_and_paused_state_survive_a_restart(daemons):
+    d = daemons()
+    with Client(d.address) as client:
+        client.admin("channel", "create", "events", "archive")
+        client.admin("channel", "create", "events", "metrics")
+        client.admin("channel", "pause", "events", "metrics")
+        client.admin("topic", "create", "audit")
+        client.admin("topic", "pause", "audit")
+        client.admin("channel", "create", "events", "tmp#ephemeral")
+    d.kill()
+    restarted = daemons(port=d.port)
+    with Client(restarted.address) as client:
+        topics = {t.name: t for t in client.stats().topics}
+    assert set(topics) == {"events", "audit"}
+    assert topics["audit"].paused
+    assert {c.name: c.paused for c in topics["events"].channels} == {"archive": False,
+                                                                     "metrics": True}
+
+
+def test_a_channel_created_later_does_not_get_older_messages_after_a_crash(daemons):
+    d = daemons()
+    with Client(d.address) as client:
+        client.admin("channel", "create", "events", "first")
+        old = client.publish("events", b"old")
+        client.admin("channel", "create", "events", "second")
+        new = client.publish("events", b"new")
+    d.kill()
+    restarted = daemons(port=d.port)
+    assert set(consume_all(restarted.address, "events", "first")) == {old, new}
+    assert set(consume_all(restarted.address, "events", "second")) == {new}
+
+
+def test_a_torn_record_at_the_end_of_a_file_is_skipped(daemons, tmp_path):
+    d = daemons()
+    ids = publish_n(d.address, "events", 100)  # the topic holds them: no channel yet
+    d.kill()
+    [segment] = (tmp_path / "data" / "topics" / "t-events").glob("*.log")
+    with open(segment, "r+b") as f:
+        f.truncate(segment.stat().st_size - 30)  # cut the last record short
+    restarted = daemons(port=d.port)
+    back = consume_all(restarted.address, "events", "work")
+    assert set(back) == set(ids[:-1])
+
+
+def test_damaged_bytes_in_the_middle_lose_only_the_damaged_record(daemons, tmp_path):
+    d = daemons()
+    with Client(d.address) as client:
+        client.admin("channel", "create", "events", "work")
+    ids = publish_n(d.address, "events", 100)
+    d.kill()
+    [segment] = (tmp_path / "data" / "topics" / "t-events").glob("*.log")
+    data = bytearray(segment.read_bytes())
+    middle = data.find(b"m-50")
+    data[middle:middle + 4] = b"XXXX"  # the body of message 50 no longer matches its CRC
+    segment.write_bytes(bytes(data))
+    restarted = daemons(port=d.port)
+    back = consume_all(restarted.address, "events", "work")
+    assert set(back) == set(ids) - {ids[50]}
+    restarted.stop()
+    assert "damaged" in restarted.output()
+
+
+def test_disk_space_returns_after_consumption(daemons, tmp_path):
+    d = daemons("--max-bytes-per-file", "20000")
+    with Client(d.address) as client:
+        client.admin("channel", "create", "events", "work")
+    publish_n(d.address, "events", 3000)
+    directory = tmp_path / "data" / "topics" / "t-events"
+    size = lambda: sum(p.stat().st_size for p in directory.glob("*.log"))  # noqa: E731
+    before = size()
+    assert len(list(directory.glob("*.log"))) > 5
+    assert len(consume_all(d.address, "events", "work")) == 3000
+    wait_for(lambda: size() < before / 5, 10, message="segments to be reclaimed")
+
+
+def test_messages_past_mem_queue_size_wait_on_disk_and_come_back_intact(daemons):
+    d = daemons("--mem-queue-size", "50")
+    with Client(d.address) as client:
+        client.admin("channel", "create", "events", "work")
+    ids = publish_n(d.address, "events", 1000)
+    back = consume_all(d.address, "events", "work")
+    assert list(back) == ids
+    assert list(back.values()) == [f"m-{i}".encode() for i in range(1000)]
+
+
+def test_deleting_a_topic_removes_its_files_and_ephemeral_topics_write_none(daemons, tmp_path):
+    d = daemons()
+    publish_n(d.address, "events", 10)
+    publish_n(d.address, "scratch#ephemeral", 10)
+    topics = tmp_path / "data" / "topics"
+    assert [p.name for p in topics.iterdir()] == ["t-events"]
+    with Client(d.address) as client:
+        client.admin("topic", "delete", "events")
+    assert list(topics.iterdir()) == []
+
+
+def test_a_second_broker_on_the_same_data_path_is_refused(daemons, tmp_path):
+    daemons()
+    second = Daemon("--data-path", str(tmp_path / "data"))
+    try:
+        assert second.proc.wait(30) == 1
+        assert f"data path {tmp_path / 'data'} is in use by another pynsqd" in second.output()
+    finally:
+        second.kill()
+    with pytest.raises(DataPathLocked):
+        EmbeddedBroker(data_path=str(tmp_path / "data")).start()
+
+
+def test_the_metadata_file_is_replaced_atomically(daemons, tmp_path):
+    d = daemons()
+    with Client(d.address) as client:
+        client.admin("topic", "create", "events")
+    meta = json.loads((tmp_path / "data" / "metadata.json").read_text())
+    assert [t["name"] for t in meta["topics"]] == ["events"]
+    assert not any(p.name.endswith(".tmp") for p in (tmp_path / "data").iterdir())
+    assert os.path.exists(tmp_path / "data" / "LOCK")
