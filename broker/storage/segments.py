@@ -19,6 +19,8 @@ log = logging.getLogger("pynsqd")
 
 # A pending message on disk only: (segment << OFFSET_BITS) | offset of its record.
 OFFSET_BITS = 40
+# A drained topic rolls its current file once it is this big, so the file can be deleted.
+ROLL_WHEN_DRAINED = 1 << 20
 
 
 def location(seg: int, offset: int) -> int:
@@ -96,6 +98,10 @@ class TopicLog:
         left = self.refs.get(seg, 0) - count
         self.refs[seg] = left
         if left <= 0:
+            if (seg == self.current and self._size >= ROLL_WHEN_DRAINED
+                    and all(n <= 0 for n in self.refs.values())):
+                # Everything is finished: start a new file so this one can go too.
+                self._roll(self.current + 1)
             self.reclaim()
 
     def reclaim(self) -> None:

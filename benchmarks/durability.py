@@ -1,0 +1,125 @@
+"""What durability costs, and what 1M queued messages take.
+
+    python benchmarks/durability.py [--messages 200000] [--queued 1000000]
+
+1. Publish N × 100-byte messages (MPUB, batches of 100) to a `pynsqd`, then
+   consume and FIN them all, once memory-only and once durable (default
+   --sync-every), each broker a fresh subprocess: msgs/s and the ratio.
+2. Queue M messages on a durable broker: its RSS, and the data path's size
+   before and after a consumer has FINed them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from broker import Client
+
+BODY = b"x" * 100
+
+
+def start(*args: str) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "pynsqd"), "--grpc-address",
+                             address, "--log-level", "warning", *args])
+    client = Client(address, timeout=1)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            client.ping()
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    client.close()
+    return proc, address
+
+
+def publish(address: str, n: int, batch: int = 100) -> float:
+    with Client(address) as client:
+        client.admin("channel", "create", "bench", "work")
+        started = time.perf_counter()
+        for _ in range(0, n, batch):
+            client.multi_publish("bench", [BODY] * batch)
+        return time.perf_counter() - started
+
+
+def consume(address: str, n: int) -> float:
+    with Client(address) as client, client.subscribe("bench", "work", rdy=2500) as sub:
+        started = time.perf_counter()
+        pending = []
+        for _ in range(n):
+            pending.append(sub.get(timeout=30).id)
+            if len(pending) >= 500:
+                sub.fin(*pending)
+                pending = []
+        sub.fin(*pending)
+        elapsed = time.perf_counter() - started
+    return elapsed
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def du_mb(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e6
+
+
+def throughput(n: int, *args: str) -> dict:
+    proc, address = start(*args)
+    try:
+        pub_s = publish(address, n)
+        sub_s = consume(address, n)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    return {"publish_msgs_per_s": round(n / pub_s), "consume_msgs_per_s": round(n / sub_s)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--queued", type=int, default=1_000_000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        memory = throughput(args.messages)
+        durable = throughput(args.messages, "--data-path", f"{tmp}/throughput")
+        data = Path(tmp) / "queued"
+        proc, address = start("--data-path", str(data))
+        try:
+            publish(address, args.queued, batch=500)
+            rss = rss_mb(proc.pid)
+            before = du_mb(data)
+            consume(address, args.queued)
+            time.sleep(3)  # let the next sync/reclaim tick run
+            after = du_mb(data)
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    print(json.dumps({
+        "messages": args.messages, "memory": memory, "durable": durable,
+        "durable_vs_memory_publish": round(durable["publish_msgs_per_s"]
+                                           / memory["publish_msgs_per_s"], 3),
+        "durable_vs_memory_consume": round(durable["consume_msgs_per_s"]
+                                           / memory["consume_msgs_per_s"], 3),
+        "queued": args.queued, "rss_mb_with_queued": round(rss, 1),
+        "data_path_mb_before_consuming": round(before, 1),
+        "data_path_mb_after_consuming": round(after, 2)}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
