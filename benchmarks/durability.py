@@ -30,7 +30,8 @@ def start(*args: str) -> tuple[subprocess.Popen, str]:
         s.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"
     proc = subprocess.Popen([str(Path(sys.executable).parent / "pynsqd"), "--grpc-address",
-                             address, "--log-level", "warning", *args])
+                             address, "--log-level", "warning",
+                             "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0", *args])
     client = Client(address, timeout=1)
     deadline = time.monotonic() + 60
     while True:

@@ -36,7 +36,8 @@ def start_broker() -> tuple[subprocess.Popen, str]:
         port = s.getsockname()[1]
     address = f"127.0.0.1:{port}"
     proc = subprocess.Popen([str(Path(sys.executable).parent / "pynsqd"), "--grpc-address",
-                             address, "--log-level", "warning"])
+                             address, "--log-level", "warning",
+                             "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0"])
     client = Client(address, timeout=1)
     for _ in range(200):
         try:

@@ -1,7 +1,8 @@
 """A broker inside the current process, for tests, notebooks and demos.
 
-    with EmbeddedBroker() as broker:           # a free loopback port
-        print(broker.address)                   # "127.0.0.1:NNNNN"
+    with EmbeddedBroker() as broker:           # free loopback ports
+        print(broker.address)                   # gRPC: "127.0.0.1:NNNNN"
+        print(broker.tcp_address, broker.http_address)  # NSQ's TCP and HTTP
         ...
 
 It runs its own event loop in a daemon thread; ``call`` runs a function on that
@@ -25,7 +26,8 @@ T = TypeVar("T")
 class EmbeddedBroker:
     def __init__(self, options: Options | None = None, **option_values: Any) -> None:
         if options is None:
-            option_values.setdefault("grpc_address", "127.0.0.1:0")
+            for name in ("grpc_address", "tcp_address", "http_address"):
+                option_values.setdefault(name, "127.0.0.1:0")
             options = Options(**option_values)
         elif option_values:
             options = options.replace(**option_values)
@@ -40,6 +42,16 @@ class EmbeddedBroker:
         if self._app is None:
             raise RuntimeError("the embedded broker is not running")
         return self._app.grpc_address
+
+    @property
+    def tcp_address(self) -> str:
+        """host:port of NSQ's TCP protocol."""
+        return self.app.tcp_address
+
+    @property
+    def http_address(self) -> str:
+        """host:port of nsqd's HTTP API."""
+        return self.app.http_address
 
     @property
     def broker(self) -> Broker:

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_GRPC_ADDRESS = "127.0.0.1:4170"
+DEFAULT_TCP_ADDRESS = "127.0.0.1:4150"
+DEFAULT_HTTP_ADDRESS = "127.0.0.1:4151"
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, None: 1}
@@ -47,6 +49,9 @@ class Options:
     """The broker's configuration. Durations are in milliseconds."""
 
     grpc_address: str = _opt(DEFAULT_GRPC_ADDRESS, "host:port of the gRPC API")
+    tcp_address: str = _opt(DEFAULT_TCP_ADDRESS,
+                            "host:port of NSQ's TCP protocol (V2); empty: off")
+    http_address: str = _opt(DEFAULT_HTTP_ADDRESS, "host:port of nsqd's HTTP API; empty: off")
     data_path: str = _opt("", "directory for the broker's data (empty: memory only)")
     mem_queue_size: int = _opt(10_000, "messages kept in memory per topic and channel")
     max_bytes_per_file: int = _opt(100 * 1024 * 1024, "size at which a data file rolls")

@@ -46,7 +46,9 @@ class Daemon:
 
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([bin_path("pynsqd"), "--grpc-address", self.address, *args],
+        self.proc = subprocess.Popen([bin_path("pynsqd"), "--grpc-address", self.address,
+                                      "--tcp-address", "127.0.0.1:0",
+                                      "--http-address", "127.0.0.1:0", *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 30.0) -> "Daemon":

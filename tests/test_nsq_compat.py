@@ -1,0 +1,299 @@
+"""NSQ wire compatibility: NSQ's own clients (pynsq, gnsq), raw sockets for every
+error code, nsqd's HTTP API, and messages crossing between gRPC, TCP and HTTP."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from broker import EmbeddedBroker
+
+from .helpers import wait_for
+
+CLIENTS = Path(__file__).parent / "clients"
+
+
+def run_client(script: str, *args: str, timeout: float = 90) -> object:
+    result = subprocess.run([sys.executable, str(CLIENTS / script), *args], capture_output=True,
+                            text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+# -- NSQ's own clients ------------------------------------------------------
+
+def test_pynsq_writer_pub_mpub_dpub_reach_a_grpc_consumer(broker, client):
+    client.admin("channel", "create", "t", "grpc")
+    assert run_client("pynsq_client.py", "publish", broker.tcp_address, "t") == ["OK"] * 3
+    with client.subscribe("t", "grpc", rdy=10) as sub:
+        bodies = [sub.get(10).body for _ in range(4)]
+    assert sorted(bodies) == [b"four", b"one", b"three", b"two"]
+
+
+def test_pynsq_reader_consumes_with_max_in_flight_fin_req_touch(broker, client):
+    client.admin("channel", "create", "t", "reader")
+    ids = client.multi_publish("t", [f"m-{i}".encode() for i in range(20)]
+                               + [b"requeue-me", b"touch-me"])
+    seen = run_client("pynsq_client.py", "consume", broker.tcp_address, "t", "reader", "22")
+    assert {m["id"] for m in seen} == set(ids)
+    assert {m["body"]: m["attempts"] for m in seen}["requeue-me"] == 2
+    wait_for(lambda: client.stats("t").topics[0].channels[0].finish_count == 22, 10,
+             message="22 FINs")
+    assert client.stats("t").topics[0].channels[0].requeue_count == 1
+
+
+def test_gnsq_producer_consumer_and_http_client(broker, client):
+    client.admin("channel", "create", "g", "grpc")
+    assert run_client("gnsq_client.py", "produce", broker.tcp_address, "g") == "ok"
+    http = run_client("gnsq_client.py", "http", broker.http_address, "g")
+    assert http["ping"] == "OK"
+    seen = run_client("gnsq_client.py", "consume", broker.tcp_address, "g", "gnsq", "6")
+    bodies = {m["body"] for m in seen}
+    assert {"h-one", "h-two", "h-three", "h-four", "h-five"} <= bodies
+    with client.subscribe("g", "grpc", rdy=20) as sub:
+        got = {sub.get(10).body for _ in range(10)}
+    assert got == {b"g-one", b"g-two", b"g-three", b"g-deferred", b"h-one", b"h-two",
+                   b"h-three", b"h-four", b"h-five", b"h-deferred"}
+
+
+# -- raw sockets --------------------------------------------------------------
+
+class Raw:
+    """A hand-written V2 client: send commands, read frames."""
+
+    def __init__(self, address: str, magic: bytes = b"  V2") -> None:
+        host, port = address.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.sock.sendall(magic)
+        self.buf = b""
+
+    def send(self, line: str, body: bytes | None = None) -> None:
+        data = line.encode() + b"\n"
+        if body is not None:
+            data += struct.pack(">i", len(body)) + body
+        self.sock.sendall(data)
+
+    def frame(self) -> tuple[int, bytes]:
+        while len(self.buf) < 4 or len(self.buf) < 4 + struct.unpack(">i", self.buf[:4])[0]:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed")
+            self.buf += chunk
+        size = struct.unpack(">i", self.buf[:4])[0]
+        kind, data = struct.unpack(">i", self.buf[4:8])[0], self.buf[8:4 + size]
+        self.buf = self.buf[4 + size:]
+        return kind, data
+
+    def closed(self) -> bool:
+        try:
+            self.frame()
+        except (ConnectionError, OSError):
+            return True
+        return False
+
+
+def mpub_body(*bodies: bytes) -> bytes:
+    return struct.pack(">i", len(bodies)) + b"".join(struct.pack(">i", len(b)) + b
+                                                     for b in bodies)
+
+
+@pytest.mark.parametrize("commands, code", [
+    ([("SUB bad!topic ch", None)], b"E_BAD_TOPIC"),
+    ([("SUB t bad!channel", None)], b"E_BAD_CHANNEL"),
+    ([("PUB bad!topic", b"x")], b"E_BAD_TOPIC"),
+    ([("PUB t", b"")], b"E_BAD_MESSAGE"),
+    ([("PUB t", b"x" * (1024 * 1024 + 1))], b"E_BAD_MESSAGE"),
+    ([("MPUB t", b"\x00\x00")], b"E_BAD_BODY"),
+    ([("MPUB t", struct.pack(">i", 0))], b"E_BAD_BODY"),
+    ([("DPUB t 99999999999", b"x")], b"E_INVALID"),
+    ([("SUB t ch", None), ("RDY 100000", None)], b"E_INVALID"),
+    ([("SUB t ch", None), ("SUB t ch", None)], b"E_INVALID"),
+    ([("RDY 1", None)], b"E_INVALID"),
+    ([("IDENTIFY", b"not json")], b"E_BAD_BODY"),
+    ([("EXPLODE", None)], b"E_INVALID"),
+    ([("AUTH", b"secret")], b"E_AUTH_DISABLED"),
+])
+def test_fatal_errors_send_nsqds_code_and_close(broker, commands, code):
+    raw = Raw(broker.tcp_address)
+    for line, body in commands:
+        raw.send(line, body)
+    frames = []
+    while True:
+        try:
+            frames.append(raw.frame())
+        except (ConnectionError, OSError):
+            break
+    assert frames[-1][0] == 1 and frames[-1][1].startswith(code)
+
+
+def test_fin_req_touch_failures_are_reported_and_the_connection_stays(broker, client):
+    raw = Raw(broker.tcp_address)
+    raw.send("SUB t ch")
+    assert raw.frame() == (0, b"OK")
+    for line, code in (("FIN 0123456789abcdef", b"E_FIN_FAILED"),
+                       ("REQ 0123456789abcdef 0", b"E_REQ_FAILED"),
+                       ("TOUCH 0123456789abcdef", b"E_TOUCH_FAILED")):
+        raw.send(line)
+        kind, data = raw.frame()
+        assert kind == 1 and data.startswith(code)
+    raw.send("PUB t", b"still here")
+    assert raw.frame() == (0, b"OK")
+
+
+def test_req_delay_out_of_range_is_fatal_as_in_nsqd(broker, client):
+    client.publish("t", b"x")
+    raw = Raw(broker.tcp_address)
+    raw.send("SUB t ch")
+    raw.frame()
+    raw.send("RDY 1")
+    kind, data = raw.frame()
+    msg_id = data[10:26].decode()
+    raw.send(f"REQ {msg_id} 99999999999")
+    assert raw.frame()[1].startswith(b"E_INVALID")
+    assert raw.closed()
+
+
+def test_garbage_gets_bad_protocol_and_others_keep_working(broker, client):
+    garbage = Raw(broker.tcp_address, magic=b"GET / HTTP/1.1\r\n\r\n")
+    assert garbage.frame() == (1, b"E_BAD_PROTOCOL")
+    assert garbage.closed()
+    good = Raw(broker.tcp_address)
+    good.send("PUB t", b"fine")
+    assert good.frame() == (0, b"OK")
+    assert client.ping() == "OK"
+
+
+def test_a_raw_consumer_gets_nsqs_message_layout_and_cls_gets_close_wait(broker, client):
+    msg_id = client.publish("t", b"payload")
+    raw = Raw(broker.tcp_address)
+    raw.send("IDENTIFY", json.dumps({"feature_negotiation": True, "msg_timeout": 5000}).encode())
+    kind, data = raw.frame()
+    negotiated = json.loads(data)
+    assert (negotiated["msg_timeout"], negotiated["tls_v1"], negotiated["snappy"],
+            negotiated["deflate"], negotiated["max_rdy_count"]) == (5000, False, False, False,
+                                                                    2500)
+    raw.send("SUB t ch")
+    assert raw.frame() == (0, b"OK")
+    raw.send("RDY 5")
+    kind, data = raw.frame()
+    timestamp, attempts = struct.unpack(">qH", data[:10])
+    assert kind == 2 and attempts == 1 and timestamp > 0
+    assert data[10:26].decode() == msg_id and data[26:] == b"payload"
+    raw.send(f"FIN {msg_id}")
+    raw.send("CLS")
+    assert raw.frame() == (0, b"CLOSE_WAIT")
+    wait_for(lambda: client.stats("t").topics[0].channels[0].finish_count == 1, 10,
+             message="FIN")
+
+
+def test_heartbeats_are_sent_and_answered_with_nop(broker):
+    raw = Raw(broker.tcp_address)
+    raw.send("IDENTIFY", json.dumps({"heartbeat_interval": 1000}).encode())
+    assert raw.frame() == (0, b"OK")
+    assert raw.frame() == (0, b"_heartbeat_")
+    raw.send("NOP")
+    assert raw.frame() == (0, b"_heartbeat_")
+
+
+# -- HTTP ----------------------------------------------------------------------
+
+def http(broker, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(f"http://{broker.http_address}{path}", data=body,
+                                     method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def test_http_ping_info_pub_mpub_and_stats(broker, client):
+    assert http(broker, "GET", "/ping") == (200, b"OK")
+    info = json.loads(http(broker, "GET", "/info")[1])
+    assert info["tcp_port"] == int(broker.tcp_address.rsplit(":", 1)[1])
+    client.admin("channel", "create", "t", "ch")
+    assert http(broker, "POST", "/pub?topic=t", b"one") == (200, b"OK")
+    assert http(broker, "POST", "/pub?topic=t&defer=60000", b"later") == (200, b"OK")
+    assert http(broker, "POST", "/mpub?topic=t", b"two\nthree\n") == (200, b"OK")
+    assert http(broker, "POST", "/mpub?topic=t&binary=true", mpub_body(b"4", b"5\n")) == (
+        200, b"OK")
+    stats = json.loads(http(broker, "GET", "/stats?format=json&topic=t&channel=ch")[1])
+    [topic] = stats["topics"]
+    [channel] = topic["channels"]
+    assert (topic["topic_name"], topic["message_count"]) == ("t", 6)
+    assert (channel["channel_name"], channel["depth"], channel["deferred_count"]) == ("ch", 5, 1)
+    assert "[t" in http(broker, "GET", "/stats?format=text")[1].decode()
+
+
+@pytest.mark.parametrize("method, path, body, status, message", [
+    ("POST", "/pub", b"x", 400, "MISSING_ARG_TOPIC"),
+    ("POST", "/pub?topic=bad!name", b"x", 400, "INVALID_TOPIC"),
+    ("POST", "/pub?topic=t", b"x" * (1024 * 1024 + 1), 413, "MSG_TOO_BIG"),
+    ("POST", "/pub?topic=t", b"", 400, "MSG_EMPTY"),
+    ("POST", "/pub?topic=t&defer=-5", b"x", 400, "INVALID_DEFER"),
+    ("POST", "/mpub?topic=t&binary=true", b"\x00\x00\x00\x05", 400, "INVALID_BODY"),
+    ("POST", "/topic/pause?topic=missing", None, 404, "TOPIC_NOT_FOUND"),
+    ("POST", "/channel/create?topic=t", None, 400, "MISSING_ARG_CHANNEL"),
+    ("POST", "/channel/create?topic=t&channel=bad!", None, 400, "INVALID_CHANNEL"),
+    ("POST", "/channel/delete?topic=t&channel=missing", None, 404, "CHANNEL_NOT_FOUND"),
+])
+def test_http_errors_use_nsqds_status_codes_and_strings(broker, client, method, path, body,
+                                                        status, message):
+    client.admin("topic", "create", "t")
+    code, data = http(broker, method, path, body)
+    assert (code, json.loads(data)["message"]) == (status, message)
+
+
+def test_http_topic_and_channel_admin(broker, client):
+    for path in ("/topic/create?topic=t", "/channel/create?topic=t&channel=ch",
+                 "/channel/pause?topic=t&channel=ch", "/topic/pause?topic=t"):
+        assert http(broker, "POST", path)[0] == 200
+    topic = client.stats("t").topics[0]
+    assert topic.paused and topic.channels[0].paused
+    for path in ("/topic/unpause?topic=t", "/channel/unpause?topic=t&channel=ch",
+                 "/channel/empty?topic=t&channel=ch", "/topic/empty?topic=t",
+                 "/channel/delete?topic=t&channel=ch", "/topic/delete?topic=t"):
+        assert http(broker, "POST", path)[0] == 200
+    assert client.stats().topics == []
+
+
+# -- across protocols ----------------------------------------------------------
+
+def test_grpc_in_tcp_out(broker, client):
+    raw = Raw(broker.tcp_address)
+    raw.send("SUB x ch")
+    raw.frame()
+    raw.send("RDY 1")
+    msg_id = client.publish("x", b"from grpc")
+    kind, data = raw.frame()
+    assert (kind, data[10:26].decode(), data[26:]) == (2, msg_id, b"from grpc")
+
+
+def test_http_and_tcp_in_grpc_out(broker, client):
+    client.admin("channel", "create", "x", "ch")
+    http(broker, "POST", "/pub?topic=x", b"from http")
+    raw = Raw(broker.tcp_address)
+    raw.send("PUB x", b"from tcp")
+    assert raw.frame() == (0, b"OK")
+    with client.subscribe("x", "ch", rdy=2) as sub:
+        assert {sub.get(10).body, sub.get(10).body} == {b"from http", b"from tcp"}
+
+
+def test_a_port_in_use_for_tcp_is_a_clear_error(broker):
+    with pytest.raises(OSError, match=f"cannot listen on {broker.tcp_address} \\(TCP\\)"):
+        EmbeddedBroker(tcp_address=broker.tcp_address).start()
+
+
+def test_default_ports_are_nsqds():
+    from broker import Options
+
+    options = Options()
+    assert (options.tcp_address, options.http_address) == ("127.0.0.1:4150", "127.0.0.1:4151")
