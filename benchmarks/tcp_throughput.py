@@ -1,0 +1,195 @@
+"""NSQ TCP protocol throughput: MPUB and a RDY-2500 consumer against pynsqd,
+each next to a raw asyncio socket server moving the same bytes.
+
+    python benchmarks/tcp_throughput.py [--messages 400000]
+
+Publish: one connection sends MPUB of 200 × 100-byte messages and waits for
+each OK, as NSQ's bench_writer does. Consume: one connection, RDY 2500, FIN for
+every message (FINs of a read written together). The baseline server answers
+the same commands without a broker behind it: OK per MPUB; for the consumer,
+message frames as fast as FINs make room. Both servers run as subprocesses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BATCH, SIZE, RDY = 200, 100, 2500
+BODY = b"x" * SIZE
+MPUB = (b"MPUB bench\n" + struct.pack(">ii", 4 + BATCH * (4 + SIZE), BATCH)
+        + (struct.pack(">i", SIZE) + BODY) * BATCH)
+OK = struct.pack(">ii", 6, 0) + b"OK"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def read_frames(reader: asyncio.StreamReader, buf: bytearray) -> list[tuple[int, bytes]]:
+    """At least one whole frame from the stream."""
+    frames = []
+    while not frames:
+        chunk = await reader.read(1 << 20)
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+        pos = 0
+        while len(buf) - pos >= 8:
+            size, kind = struct.unpack_from(">ii", buf, pos)
+            if len(buf) - pos < 4 + size:
+                break
+            frames.append((kind, bytes(buf[pos + 8:pos + 4 + size])))
+            pos += 4 + size
+        del buf[:pos]
+    return frames
+
+
+async def publish(port: int, n: int) -> float:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"  V2")
+    buf = bytearray()
+    started = time.perf_counter()
+    for _ in range(n // BATCH):
+        writer.write(MPUB)
+        frames = await read_frames(reader, buf)
+        assert frames[0] == (0, b"OK"), frames[0]
+    elapsed = time.perf_counter() - started
+    writer.close()
+    return elapsed
+
+
+async def consume(port: int, n: int) -> float:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"  V2SUB bench work\nRDY %d\n" % RDY)
+    buf = bytearray()
+    got = 0
+    started = time.perf_counter()
+    while got < n:
+        fins = []
+        for kind, data in await read_frames(reader, buf):
+            if kind == 2:
+                fins.append(b"FIN " + data[10:26] + b"\n")
+                got += 1
+        writer.write(b"".join(fins))
+    elapsed = time.perf_counter() - started
+    writer.close()
+    return elapsed
+
+
+# -- the baseline: the same bytes, no broker ----------------------------------
+
+async def baseline_server(port: int) -> None:
+    frame = struct.pack(">iiqH", 30 + SIZE, 2, time.time_ns(), 1)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await serve(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client is done
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(4)
+        line = await reader.readline()
+        if line.startswith(b"MPUB"):
+            while True:
+                size = struct.unpack(">i", await reader.readexactly(4))[0]
+                await reader.readexactly(size)
+                writer.write(OK)
+                line = await reader.readline()
+                if not line:
+                    return
+        await reader.readline()  # RDY
+        counter = 0
+
+        def messages(k: int) -> bytes:
+            nonlocal counter
+            out = []
+            for _ in range(k):
+                out.append(frame + b"%016x" % counter + BODY)
+                counter += 1
+            return b"".join(out)
+
+        writer.write(messages(RDY))
+        pending = b""
+        while True:
+            data = await reader.read(1 << 20)
+            if not data:
+                return
+            data = pending + data
+            fins = data.count(b"\n")
+            pending = data[data.rfind(b"\n") + 1:]
+            writer.write(messages(fins))
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port)
+    async with server:
+        await server.serve_forever()
+
+
+def start(cmd: list[str], port: int) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"server on {port} did not start")
+
+
+def measure(port: int, n: int) -> dict:
+    pub = asyncio.run(publish(port, n))
+    sub = asyncio.run(consume(port, n))
+    return {"publish_msgs_per_s": round(n / pub), "consume_msgs_per_s": round(n / sub)}
+
+
+def run(n: int) -> dict:
+    port = free_port()
+    pynsqd = Path(sys.executable).parent / "pynsqd"
+    broker = start([str(pynsqd), "--tcp-address", f"127.0.0.1:{port}", "--grpc-address",
+                    "127.0.0.1:0", "--http-address", "", "--log-level", "warning",
+                    "--mem-queue-size", str(n)], port)
+    try:
+        result = measure(port, n)
+    finally:
+        broker.terminate()
+        broker.wait(30)
+    port = free_port()
+    raw = start([sys.executable, __file__, "--baseline-server", str(port)], port)
+    try:
+        baseline = measure(port, n)
+    finally:
+        raw.terminate()
+        raw.wait(30)
+    return {"messages": n, "pynsqd": result, "raw_asyncio": baseline,
+            "publish_ratio": round(result["publish_msgs_per_s"]
+                                   / baseline["publish_msgs_per_s"], 3),
+            "consume_ratio": round(result["consume_msgs_per_s"]
+                                   / baseline["consume_msgs_per_s"], 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=400_000)
+    parser.add_argument("--baseline-server", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.baseline_server:
+        asyncio.run(baseline_server(args.baseline_server))
+        return
+    print(json.dumps(run(args.messages), indent=2))
+
+
+if __name__ == "__main__":
+    main()
