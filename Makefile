@@ -6,13 +6,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test protos check-python check-java clean
+.PHONY: demo test bench protos check-python check-java clean
 
 demo: $(INSTALLED) check-java
 	$(BIN)/python examples/demo.py
 
 test: $(INSTALLED) check-java
 	$(BIN)/python -m pytest -q
+
+# Benchmarks: one table of ratios against same-run baselines (BENCH_ARGS=--quick for a short run).
+bench: $(INSTALLED) check-java
+	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 # Regenerate the gRPC stubs in broker/api/ from protos/ (commit the result).
 protos: $(INSTALLED)

@@ -91,35 +91,39 @@ def throughput(n: int, *args: str) -> dict:
     return {"publish_msgs_per_s": round(n / pub_s), "consume_msgs_per_s": round(n / sub_s)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=200_000)
-    parser.add_argument("--queued", type=int, default=1_000_000)
-    args = parser.parse_args()
+def run(messages: int, queued: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        memory = throughput(args.messages)
-        durable = throughput(args.messages, "--data-path", f"{tmp}/throughput")
+        memory = throughput(messages)
+        durable = throughput(messages, "--data-path", f"{tmp}/throughput")
         data = Path(tmp) / "queued"
         proc, address = start("--data-path", str(data))
         try:
-            publish(address, args.queued, batch=500)
+            publish(address, queued, batch=500)
             rss = rss_mb(proc.pid)
             before = du_mb(data)
-            consume(address, args.queued)
+            consume(address, queued)
             time.sleep(3)  # let the next sync/reclaim tick run
             after = du_mb(data)
         finally:
             proc.terminate()
             proc.wait(60)
-    print(json.dumps({
-        "messages": args.messages, "memory": memory, "durable": durable,
+    return {
+        "messages": messages, "memory": memory, "durable": durable,
         "durable_vs_memory_publish": round(durable["publish_msgs_per_s"]
                                            / memory["publish_msgs_per_s"], 3),
         "durable_vs_memory_consume": round(durable["consume_msgs_per_s"]
                                            / memory["consume_msgs_per_s"], 3),
-        "queued": args.queued, "rss_mb_with_queued": round(rss, 1),
+        "queued": queued, "rss_mb_with_queued": round(rss, 1),
         "data_path_mb_before_consuming": round(before, 1),
-        "data_path_mb_after_consuming": round(after, 2)}, indent=2))
+        "data_path_mb_after_consuming": round(after, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--queued", type=int, default=1_000_000)
+    args = parser.parse_args()
+    print(json.dumps(run(args.messages, args.queued), indent=2))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 
 from broker import Client, EmbeddedBroker  # noqa: E402
 from spark_connector.datasource import SCHEMA  # noqa: E402
+from spark_connector.fetch import ARROW_SCHEMA  # noqa: E402
 
 BODY = b"x" * 100
 
@@ -59,8 +60,6 @@ class MemoryReader(DataSourceStreamReader):
         return [InputPartition(i) for i in range(self.parts)]
 
     def read(self, partition):
-        from spark_connector.fetch import ARROW_SCHEMA
-
         share = self.rows // self.parts
         now = time.time_ns() // 1000
         for begin in range(0, share, 2500):
@@ -105,6 +104,19 @@ def run(spark, messages: int, partitions: int) -> dict:
     return {"messages": messages, "pynsq_rows": pynsq_rows, "pynsq_rows_per_s": round(pynsq_rate),
             "memory_rows": memory_rows, "memory_rows_per_s": round(memory_rate),
             "ratio": round(pynsq_rate / memory_rate, 3)}
+
+
+def rate_micro_batch(spark, rows: int) -> float:
+    """Spark's own ``rate-micro-batch`` source, one batch of ``rows``, for reference."""
+    df = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows)
+          .option("numPartitions", 2).load())
+    with tempfile.TemporaryDirectory() as checkpoint:
+        started = time.perf_counter()
+        query = (df.writeStream.format("noop").option("checkpointLocation", checkpoint)
+                 .trigger(once=True).start())
+        query.awaitTermination()
+        elapsed = time.perf_counter() - started
+    return round(rows / elapsed)
 
 
 def main() -> None:

@@ -1,0 +1,113 @@
+"""``make bench``: every benchmark, one table of ratios against same-run baselines.
+
+    python -m benchmarks.run [--quick] [--json benchmarks/results/latest.json]
+
+Each row: a figure, the baseline measured in the same run, their ratio, and the
+goal. Machines are shared and noisy: compare ratios, not absolute figures.
+``--quick`` runs reduced sizes in about a minute (the test suite runs it to
+keep this working; it never asserts a speed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from . import durability, grpc_throughput, tcp_throughput
+
+FULL = {"grpc": 200_000, "tcp": 400_000, "spark": 1_000_000, "durable": 200_000,
+        "queued": 1_000_000, "latency": 3000}
+QUICK = {"grpc": 20_000, "tcp": 40_000, "spark": 50_000, "durable": 20_000,
+         "queued": 50_000, "latency": 500}
+
+
+def row(name: str, value: float, unit: str, baseline: float | None, goal: str) -> dict:
+    ratio = round(value / baseline, 3) if baseline else None
+    return {"figure": name, "value": value, "unit": unit, "baseline": baseline,
+            "ratio": ratio, "goal": goal}
+
+
+def spark_rows(sizes: dict) -> list[dict]:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from . import spark_source
+
+    spark = (SparkSession.builder.master("local[2]").appName("pynsq-bench")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        r = spark_source.run(spark, sizes["spark"], 2)
+        rate = spark_source.rate_micro_batch(spark, sizes["spark"])
+    finally:
+        spark.stop()
+    return [
+        row("Spark pynsq -> noop (availableNow)", r["pynsq_rows_per_s"], "rows/s",
+            r["memory_rows_per_s"], "ratio >= 0.8 (÷ in-memory Python source)"),
+        row("Spark rate-micro-batch -> noop (reference)", rate, "rows/s",
+            r["memory_rows_per_s"], "reference"),
+    ]
+
+
+def collect(quick: bool) -> list[dict]:
+    sizes = QUICK if quick else FULL
+    g = grpc_throughput.run(sizes["grpc"], sizes["latency"])
+    t = tcp_throughput.run(sizes["tcp"])
+    d = durability.run(sizes["durable"], sizes["queued"])
+    rows = [
+        row("gRPC MPUB 100x100B", g["pynsqd"]["publish_msgs_per_s"], "msgs/s",
+            g["raw_grpc"]["publish_msgs_per_s"], "ratio >= 0.5 (÷ raw grpc.aio)"),
+        row("gRPC consume RDY 1000 + FIN", g["pynsqd"]["consume_msgs_per_s"], "msgs/s",
+            g["raw_grpc"]["consume_msgs_per_s"], "ratio >= 0.5 (÷ raw grpc.aio)"),
+        row("TCP V2 MPUB 200x100B", t["pynsqd"]["publish_msgs_per_s"], "msgs/s",
+            t["raw_asyncio"]["publish_msgs_per_s"], "÷ raw asyncio socket; nsqd ~390k"),
+        row("TCP V2 consume RDY 2500 + FIN", t["pynsqd"]["consume_msgs_per_s"], "msgs/s",
+            t["raw_asyncio"]["consume_msgs_per_s"], "÷ raw asyncio socket; nsqd ~340k"),
+        *spark_rows(sizes),
+        row("latency p50 publish->deliver @1k/s", g["latency"]["p50_ms"], "ms", None, ""),
+        row("latency p99 publish->deliver @1k/s", g["latency"]["p99_ms"], "ms", None,
+            "<= 5 ms"),
+        row(f"broker RSS, {sizes['queued']:,} x 100B queued (durable)", d["rss_mb_with_queued"],
+            "MB", None, "<= 200 MB (for 1M)"),
+        row("durable publish (÷ memory-only)", d["durable"]["publish_msgs_per_s"], "msgs/s",
+            d["memory"]["publish_msgs_per_s"], "ratio >= 0.8"),
+        row("durable consume (÷ memory-only)", d["durable"]["consume_msgs_per_s"], "msgs/s",
+            d["memory"]["consume_msgs_per_s"], "ratio >= 0.8"),
+    ]
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    head = f"{'figure':<44} {'value':>12} {'unit':<7} {'baseline':>12} {'ratio':>7}  goal"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        baseline = "" if r["baseline"] is None else f"{r['baseline']:,.0f}"
+        ratio = "" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        value = f"{r['value']:,.3f}" if r["unit"] in ("ms", "MB") else f"{r['value']:,.0f}"
+        lines.append(f"{r['figure']:<44} {value:>12} {r['unit']:<7} {baseline:>12} "
+                     f"{ratio:>7}  {r['goal']}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="reduced sizes, about a minute")
+    parser.add_argument("--json", default="benchmarks/results/latest.json",
+                        help="where to write the table as JSON")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    rows = collect(args.quick)
+    print(table(rows))
+    print(f"\n({'quick' if args.quick else 'full'} run, {time.perf_counter() - started:.0f}s)")
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"quick": args.quick, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
