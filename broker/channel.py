@@ -265,10 +265,14 @@ class Channel:
 
     def empty(self) -> None:
         """Drop every queued, deferred and in-flight message (as nsqd does)."""
-        dropped = list(self._ready) + self._deferred.clear() + self._in_flight.clear()
+        in_flight = self._in_flight.clear()
+        dropped = list(self._ready) + self._deferred.clear() + in_flight
         self._ready.clear()
-        for consumer in self._consumers:
-            consumer.in_flight.clear()
+        # Every holder lets go, leases included (they are not in _consumers).
+        for msg in in_flight:
+            if msg.consumer is not None:
+                msg.consumer.in_flight.pop(msg.id, None)
+                msg.consumer = None
         self._broker.on_dropped(self.topic, self, dropped)
 
     def close(self) -> list[Consumer]:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import secrets
 import sys
 
 from .client import Client, ClientError
@@ -33,8 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     tail = sub.add_parser("tail", help="print each message body on its own line and FIN it")
     tail.add_argument("topic")
-    tail.add_argument("--channel", default="tail#ephemeral",
-                      help="channel to read (default: tail#ephemeral)")
+    tail.add_argument("--channel", help="channel to read (default: a new ephemeral channel, "
+                      "so that each tail sees every message, as nsq_tail does)")
     tail.add_argument("-n", type=int, default=0, help="stop after N messages (0: never)")
 
     stats = sub.add_parser("stats", help="print topics and channels with their counts")
@@ -72,9 +73,12 @@ def cmd_pub(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_tail(client: Client, args: argparse.Namespace) -> int:
+    if args.n < 0:
+        raise SystemExit("pynsq tail: -n must not be negative")
     count = 0
     out = sys.stdout.buffer
-    with client.subscribe(args.topic, args.channel, rdy=max(1, min(args.n or 200, 200))) as sub:
+    channel = args.channel or f"tail{secrets.randbelow(10**6):06d}#ephemeral"
+    with client.subscribe(args.topic, channel, rdy=max(1, min(args.n or 200, 200))) as sub:
         for msg in sub:
             out.write(msg.body + b"\n")
             out.flush()

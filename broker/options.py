@@ -73,6 +73,9 @@ class Options:
                      "max_bytes_per_file"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must not be negative")
+        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
+            raise ValueError(f"log-level: expected debug, info, warning or error, "
+                             f"got {self.log_level!r}")
         if self.msg_timeout <= 0:
             raise ValueError("msg-timeout must be positive")
         if self.msg_timeout > self.max_msg_timeout:
@@ -85,13 +88,20 @@ class Options:
     def from_toml(cls, path: str | Path, **overrides: Any) -> "Options":
         """Read a TOML file; unknown keys are an error naming the key."""
         with open(path, "rb") as f:
-            data = tomllib.load(f)
-        known = {f.name for f in fields(cls)}
+            try:
+                data = tomllib.load(f)
+            except tomllib.TOMLDecodeError as err:
+                raise ValueError(f"{path}: {err}") from None
+        known = {f.name: f for f in fields(cls)}
         values: dict[str, Any] = {}
         for key, value in data.items():
             name = key.replace("-", "_")
             if name not in known:
                 raise ValueError(f"{path}: unknown option {key!r}")
+            default = known[name].default
+            if not known[name].metadata.get("duration") and type(value) is not type(default):
+                kind = "a whole number" if isinstance(default, int) else "a string"
+                raise ValueError(f"{path}: {key}: expected {kind}, got {value!r}")
             values[name] = value
         values.update(overrides)
         return cls(**values)

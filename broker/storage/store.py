@@ -16,7 +16,7 @@ time. ``#ephemeral`` topics and channels never reach the disk.
 
 Durability of writes: records are written with ``os.write`` before the reply
 (a killed process loses nothing the kernel has); FIN/DEFER records are batched
-for one tick (10 ms); ``fsync`` runs off the event loop every
+until the end of the event-loop pass; ``fsync`` runs off the event loop every
 ``--sync-every`` messages or ``--sync-timeout``, which bounds what a power
 loss can take.
 """
@@ -174,6 +174,13 @@ class Storage:
         return msg
 
     def _record(self, topic: "Topic", data: bytes) -> None:
+        """Queue a FIN/DEFER/... record; all queued ones go out in one write per topic
+        at the end of this event-loop pass."""
+        if not self._pending_records and not self._restoring:
+            try:
+                asyncio.get_running_loop().call_soon(self.flush)
+            except RuntimeError:  # no loop (shutting down): close() flushes
+                pass
         self._pending_records.setdefault(topic.name, []).append(data)
 
     # -- time -------------------------------------------------------------

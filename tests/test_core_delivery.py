@@ -1,0 +1,267 @@
+"""Delivery semantics of the core (DESIGN.md 1-5), on a ManualClock: fan-out,
+load-balancing, RDY, in-flight deadlines, FIN, REQ, TOUCH, DPUB, disconnects."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker import InvalidRequest, NotInFlight
+from broker.pqueue import DeadlineQueue
+from broker.message import Message
+
+from .corekit import Recorder, advance, new_broker, subscribe
+
+
+def publish_n(broker, topic: str, n: int) -> list[str]:
+    return broker.multi_publish(topic, [f"m{i}".encode() for i in range(n)])
+
+
+def test_every_channel_gets_a_copy_of_every_message():
+    broker, _ = new_broker()
+    a = subscribe(broker, "events", "archive")
+    b = subscribe(broker, "events", "metrics")
+    ids = publish_n(broker, "events", 10)
+    assert a.ids == ids
+    assert b.ids == ids
+    assert [m.body for m in a.received] == [f"m{i}".encode() for i in range(10)]
+
+
+def test_each_channel_keeps_its_own_attempts_and_deadlines():
+    broker, clock = new_broker()
+    a = subscribe(broker, "events", "a", msg_timeout_ms=1000)
+    b = subscribe(broker, "events", "b", msg_timeout_ms=1000)
+    [msg_id] = publish_n(broker, "events", 1)
+    a.channel.requeue(a, msg_id)
+    b.channel.finish(b, msg_id)
+    assert [m.attempts for m in a.received] == [2, 2]  # one copy, redelivered
+    assert [m.attempts for m in b.received] == [1]
+    advance(broker, clock, 1.0)
+    assert (a.channel.timeout_count, b.channel.timeout_count) == (1, 0)
+
+
+def test_consumers_of_one_channel_share_it_each_message_going_to_one():
+    broker, _ = new_broker()
+    consumers = [subscribe(broker, "events", "work") for _ in range(3)]
+    ids = publish_n(broker, "events", 30)
+    got = [c.ids for c in consumers]
+    assert sorted(i for ids_ in got for i in ids_) == sorted(ids)
+    assert all(len(g) == 10 for g in got)  # round-robin
+
+
+def test_consumer_never_holds_more_than_its_rdy():
+    broker, _ = new_broker()
+    c = subscribe(broker, "events", "work", rdy=3)
+    publish_n(broker, "events", 10)
+    assert len(c.received) == 3
+    assert broker.channel("events", "work").depth == 7
+    c.channel.finish(c, c.ids[0])
+    assert len(c.received) == 4
+    assert len(c.in_flight) == 3
+
+
+def test_lowering_rdy_below_in_flight_holds_delivery_until_enough_fins():
+    broker, _ = new_broker()
+    c = subscribe(broker, "events", "work", rdy=5)
+    publish_n(broker, "events", 10)
+    c.channel.set_rdy(c, 2)
+    for msg_id in c.ids[:3]:
+        c.channel.finish(c, msg_id)
+    assert len(c.received) == 5  # 2 still held: at the new RDY
+    c.channel.finish(c, c.ids[3])
+    assert len(c.received) == 6
+
+
+def test_rdy_zero_stops_delivery_and_raising_it_resumes():
+    broker, _ = new_broker()
+    c = subscribe(broker, "events", "work", rdy=0)
+    publish_n(broker, "events", 5)
+    assert c.received == []
+    c.channel.set_rdy(c, 5)
+    assert len(c.received) == 5
+
+
+@pytest.mark.parametrize("count", [-1, 2501])
+def test_rdy_outside_zero_to_max_rdy_count_is_refused(count):
+    broker, _ = new_broker()
+    c = subscribe(broker, "events", "work", rdy=1)
+    with pytest.raises(InvalidRequest, match=f"RDY {count} out of range.*2500"):
+        c.channel.set_rdy(c, count)
+    assert c.rdy == 1
+
+
+def test_delivered_message_is_in_flight_until_fin():
+    broker, _ = new_broker()
+    c = subscribe(broker, "events", "work")
+    [msg_id] = publish_n(broker, "events", 1)
+    ch = broker.channel("events", "work")
+    assert (ch.depth, ch.in_flight_count, c.received[0].attempts) == (0, 1, 1)
+    ch.finish(c, msg_id)
+    assert (ch.depth, ch.in_flight_count, ch.finish_count) == (0, 0, 1)
+
+
+def test_timed_out_message_is_redelivered_with_higher_attempts():
+    broker, clock = new_broker()
+    c = subscribe(broker, "events", "work", msg_timeout_ms=5000)
+    [msg_id] = publish_n(broker, "events", 1)
+    advance(broker, clock, 4.999)
+    assert c.ids == [msg_id]
+    advance(broker, clock, 0.001)
+    assert c.ids == [msg_id, msg_id]
+    assert c.received[1].attempts == 2
+    assert broker.channel("events", "work").timeout_count == 1
+
+
+def test_consumer_without_its_own_timeout_gets_msg_timeout():
+    broker, clock = new_broker(msg_timeout="2s")
+    c = subscribe(broker, "events", "work")
+    publish_n(broker, "events", 1)
+    advance(broker, clock, 1.9)
+    assert len(c.received) == 1
+    advance(broker, clock, 0.1)
+    assert len(c.received) == 2
+
+
+def test_consumer_timeout_over_max_msg_timeout_is_refused():
+    broker, _ = new_broker(msg_timeout="5s", max_msg_timeout="10s")
+    with pytest.raises(InvalidRequest, match="msg_timeout 10001 ms.*max-msg-timeout of 10000"):
+        Recorder(broker, msg_timeout_ms=10_001)
+    assert Recorder(broker, msg_timeout_ms=10_000).msg_timeout == 10.0
+
+
+def test_touch_resets_the_deadline():
+    broker, clock = new_broker()
+    c = subscribe(broker, "events", "work", msg_timeout_ms=1000)
+    [msg_id] = publish_n(broker, "events", 1)
+    advance(broker, clock, 0.9)
+    c.channel.touch(c, msg_id)
+    advance(broker, clock, 0.9)
+    assert len(c.received) == 1
+    advance(broker, clock, 0.1)
+    assert len(c.received) == 2
+
+
+def test_req_without_delay_redelivers_at_once():
+    broker, _ = new_broker()
+    c = subscribe(broker, "events", "work")
+    [msg_id] = publish_n(broker, "events", 1)
+    c.channel.requeue(c, msg_id)
+    assert c.ids == [msg_id, msg_id]
+    assert c.received[1].attempts == 2
+    assert broker.channel("events", "work").requeue_count == 1
+
+
+def test_req_with_delay_waits_in_the_deferred_queue():
+    broker, clock = new_broker()
+    c = subscribe(broker, "events", "work")
+    [msg_id] = publish_n(broker, "events", 1)
+    ch = c.channel
+    ch.requeue(c, msg_id, delay=2.0)
+    assert (ch.deferred_count, ch.in_flight_count, len(c.received)) == (1, 0, 1)
+    advance(broker, clock, 1.99)
+    assert len(c.received) == 1
+    advance(broker, clock, 0.01)
+    assert c.ids == [msg_id, msg_id]
+    assert ch.deferred_count == 0
+
+
+def test_req_delay_over_max_req_timeout_is_refused_and_message_stays_held():
+    broker, _ = new_broker(max_req_timeout="10s")
+    c = subscribe(broker, "events", "work")
+    [msg_id] = publish_n(broker, "events", 1)
+    with pytest.raises(InvalidRequest, match="REQ delay 10001 ms out of range.*max-req-timeout"):
+        c.channel.requeue(c, msg_id, delay=10.001)
+    assert list(c.in_flight) == [msg_id]
+    c.channel.finish(c, msg_id)
+
+
+@pytest.mark.parametrize("command", ["FIN", "REQ", "TOUCH"])
+def test_command_on_a_message_held_by_another_consumer_is_refused_and_changes_nothing(command):
+    broker, clock = new_broker()
+    holder = subscribe(broker, "events", "work", msg_timeout_ms=1000)
+    other = subscribe(broker, "events", "work")
+    [msg_id] = publish_n(broker, "events", 1)
+    assert holder.ids == [msg_id]
+    ch = holder.channel
+    action = {"FIN": ch.finish, "REQ": ch.requeue, "TOUCH": ch.touch}[command]
+    with pytest.raises(NotInFlight, match=f"{command} {msg_id}: message not in flight") as err:
+        action(other, msg_id)
+    assert err.value.code == f"E_{command}_FAILED"
+    assert list(holder.in_flight) == [msg_id] and ch.in_flight_count == 1
+    advance(broker, clock, 1.0)  # the deadline was not moved either
+    assert ch.timeout_count == 1
+
+
+@pytest.mark.parametrize("command", ["FIN", "REQ", "TOUCH"])
+def test_command_on_an_unknown_message_is_refused(command):
+    broker, _ = new_broker()
+    c = subscribe(broker, "events", "work")
+    ch = c.channel
+    action = {"FIN": ch.finish, "REQ": ch.requeue, "TOUCH": ch.touch}[command]
+    with pytest.raises(NotInFlight, match="0123456789abcdef"):
+        action(c, "0123456789abcdef")
+
+
+def test_fin_twice_is_refused_the_second_time():
+    broker, _ = new_broker()
+    c = subscribe(broker, "events", "work")
+    [msg_id] = publish_n(broker, "events", 1)
+    c.channel.finish(c, msg_id)
+    with pytest.raises(NotInFlight):
+        c.channel.finish(c, msg_id)
+    assert c.channel.finish_count == 1
+
+
+def test_deferred_publish_is_delivered_no_earlier_than_its_delay():
+    broker, clock = new_broker()
+    c = subscribe(broker, "events", "work")
+    msg_id = broker.publish("events", b"later", defer_ms=3000)
+    assert broker.channel("events", "work").deferred_count == 1
+    advance(broker, clock, 2.99)
+    assert c.received == []
+    advance(broker, clock, 0.01)
+    assert c.ids == [msg_id]
+    assert c.received[0].attempts == 1
+
+
+def test_deferred_publish_to_a_topic_without_channels_keeps_its_delay():
+    broker, clock = new_broker()
+    msg_id = broker.publish("events", b"later", defer_ms=3000)
+    advance(broker, clock, 1.0)
+    c = subscribe(broker, "events", "work")
+    advance(broker, clock, 1.99)
+    assert c.received == []
+    advance(broker, clock, 0.01)
+    assert c.ids == [msg_id]
+
+
+@pytest.mark.parametrize("defer_ms", [-1, 3_600_001])
+def test_deferred_publish_outside_max_req_timeout_is_refused(defer_ms):
+    broker, _ = new_broker()
+    with pytest.raises(InvalidRequest, match="DPUB defer .* out of range"):
+        broker.publish("events", b"x", defer_ms=defer_ms)
+    assert "events" not in broker.topics
+
+
+def test_disconnecting_consumer_messages_are_requeued_at_once_in_order():
+    broker, _ = new_broker()
+    leaving = subscribe(broker, "events", "work", rdy=3)
+    ids = publish_n(broker, "events", 5)
+    ch = leaving.channel
+    ch.remove_consumer(leaving)
+    staying = subscribe(broker, "events", "work", rdy=10)
+    assert staying.ids == ids  # held ones first, ahead of the never-sent ones
+    assert [m.attempts for m in staying.received] == [2, 2, 2, 1, 1]
+    assert ch.requeue_count == 3 and ch.timeout_count == 0
+
+
+def test_ticks_move_only_due_messages_and_finished_ones_do_not_pile_up():
+    queue = DeadlineQueue()
+    msgs = [Message(f"{i:016x}", b"x", 0) for i in range(10_000)]
+    for i, msg in enumerate(msgs):
+        queue.push(msg, 100.0 + i)
+    for msg in msgs[1:]:
+        queue.cancel(msg)  # FIN
+    assert len(queue) == 1
+    assert len(queue._heap) < 4 * 1024  # compacted, not 10k stale entries
+    assert list(queue.pop_due(99.0)) == []
+    assert list(queue.pop_due(100.0)) == [msgs[0]]

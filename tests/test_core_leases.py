@@ -1,0 +1,128 @@
+"""Leases in the core: a batch of a channel's messages held in flight for a
+planner and its readers (the Spark connector's driver and executors)."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker import InvalidRequest, LeaseNotFound
+
+from .corekit import advance, new_broker, subscribe
+
+
+def leased(broker, n: int = 10, max_messages: int = 6, msg_timeout_ms: int = 1000):
+    session = broker.open_lease_session("planner")
+    ids = broker.multi_publish("events", [f"m{i}".encode() for i in range(n)])
+    broker.create_channel("events", "spark")
+    lease, depth = broker.reserve(session.session_id, "events", "spark", max_messages,
+                                  msg_timeout_ms)
+    return session, ids, lease, depth
+
+
+def test_reserve_takes_up_to_max_messages_in_order_and_leaves_the_rest():
+    broker, _ = new_broker()
+    _, ids, lease, depth = leased(broker)
+    assert [m.id for m in lease.order] == ids[:6]
+    assert depth == 4
+    ch = broker.channel("events", "spark")
+    assert (ch.depth, ch.in_flight_count) == (4, 6)
+
+
+def test_reserve_of_an_empty_channel_makes_no_lease():
+    broker, _ = new_broker()
+    session = broker.open_lease_session()
+    assert broker.reserve(session.session_id, "events", "spark", 10) == (None, 0)
+    assert session.leases == {}
+
+
+def test_slices_split_a_lease_between_partitions_and_can_be_read_again():
+    broker, _ = new_broker()
+    _, ids, lease, _ = leased(broker)
+    slices = [broker.lease(lease.lease_id).slice(p, 3) for p in range(3)]
+    assert sorted(m.id for s in slices for m in s) == ids[:6]
+    assert [m.id for m in slices[1]] == [ids[1], ids[4]]
+    assert broker.lease(lease.lease_id).slice(1, 3) == slices[1]
+
+
+def test_finish_removes_every_leased_message_and_ends_the_lease():
+    broker, _ = new_broker()
+    _, _, lease, _ = leased(broker)
+    assert broker.finish_leases([lease.lease_id]) == (6, [])
+    ch = broker.channel("events", "spark")
+    assert (ch.depth, ch.in_flight_count, ch.finish_count) == (4, 0, 6)
+    with pytest.raises(LeaseNotFound, match=lease.lease_id):
+        broker.lease(lease.lease_id)
+    assert broker.finish_leases([lease.lease_id]) == (0, [lease.lease_id])
+
+
+def test_requeue_puts_leased_messages_back_first_with_attempts_counted():
+    broker, _ = new_broker()
+    _, ids, lease, _ = leased(broker)
+    assert broker.requeue_leases([lease.lease_id]) == (6, [])
+    c = subscribe(broker, "events", "spark", rdy=100)
+    assert c.ids == ids
+    assert [m.attempts for m in c.received] == [2] * 6 + [1] * 4
+
+
+def test_touch_renews_the_lease_deadline():
+    broker, clock = new_broker()
+    _, _, lease, _ = leased(broker, msg_timeout_ms=1000)
+    advance(broker, clock, 0.9)
+    assert broker.touch_leases([lease.lease_id]) == (6, [])
+    advance(broker, clock, 0.9)
+    assert len(broker.lease(lease.lease_id).slice(0, 1)) == 6
+    advance(broker, clock, 0.1)
+    assert broker.channel("events", "spark").timeout_count == 6
+
+
+def test_lease_timeout_requeues_its_messages_and_the_lease_is_then_missing():
+    broker, clock = new_broker()
+    _, ids, lease, _ = leased(broker, msg_timeout_ms=1000)
+    advance(broker, clock, 1.0)
+    ch = broker.channel("events", "spark")
+    assert (ch.depth, ch.in_flight_count, ch.timeout_count) == (10, 0, 6)
+    assert broker.finish_leases([lease.lease_id]) == (0, [lease.lease_id])
+    assert ch.finish_count == 0
+    with pytest.raises(LeaseNotFound):
+        broker.lease(lease.lease_id)
+
+
+def test_ending_the_session_requeues_its_leases_at_once():
+    broker, _ = new_broker()
+    session, ids, lease, _ = leased(broker, msg_timeout_ms=60_000)
+    broker.close_lease_session(session.session_id)
+    ch = broker.channel("events", "spark")
+    assert (ch.depth, ch.in_flight_count) == (10, 0)
+    with pytest.raises(LeaseNotFound, match="session .* does not exist"):
+        broker.reserve(session.session_id, "events", "spark", 1)
+
+
+def test_leases_ignore_rdy_and_share_the_channel_with_consumers():
+    broker, _ = new_broker()
+    c = subscribe(broker, "events", "spark", rdy=2)
+    _, ids, lease, _ = leased(broker)
+    assert c.ids == ids[:2]
+    assert [m.id for m in lease.order] == ids[2:8]
+
+
+def test_emptying_a_channel_drops_its_leases():
+    broker, _ = new_broker()
+    _, _, lease, _ = leased(broker)
+    broker.channel("events", "spark").empty()
+    assert broker.finish_leases([lease.lease_id]) == (0, [lease.lease_id])
+    ch = broker.channel("events", "spark")
+    assert (ch.in_flight_count, ch.finish_count) == (0, 0)
+
+
+def test_deleting_the_channel_makes_its_leases_missing():
+    broker, _ = new_broker()
+    _, _, lease, _ = leased(broker)
+    broker.delete_channel("events", "spark")
+    assert broker.requeue_leases([lease.lease_id]) == (0, [lease.lease_id])
+
+
+def test_reserve_of_zero_messages_is_refused():
+    broker, _ = new_broker()
+    session = broker.open_lease_session()
+    with pytest.raises(InvalidRequest, match="max_messages 0 must be positive"):
+        broker.reserve(session.session_id, "events", "spark", 0)

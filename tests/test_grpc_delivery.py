@@ -1,0 +1,193 @@
+"""The delivery semantics again, through a real gRPC server on loopback with
+several consumers and channels."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import grpc
+import pytest
+
+from broker import ClientError
+
+from .grpckit import channel_stats, collect
+from .helpers import wait_for
+
+
+def test_each_channel_gets_every_message_and_its_consumers_share_them(client):
+    subs = {ch: [client.subscribe("events", ch, rdy=10) for _ in range(2)] for ch in ("a", "b")}
+    ids = client.multi_publish("events", [f"m{i}" for i in range(100)])
+    for ch, pair in subs.items():
+        got = collect(pair, 100)
+        assert Counter(m.id for _, m in got) == Counter(ids), f"channel {ch}"
+        assert {i for i, _ in got} == {0, 1}, "both consumers take a share"
+        wait_for(lambda: channel_stats(client, "events", ch).finish_count == 100)
+    for pair in subs.values():
+        for sub in pair:
+            sub.close()
+
+
+def test_consumer_holds_no_more_than_its_rdy_until_it_fins(client):
+    with client.subscribe("events", "work", rdy=3) as sub:
+        client.multi_publish("events", [f"m{i}" for i in range(10)])
+        first = collect([sub], 3, fin=False)
+        wait_for(lambda: channel_stats(client, "events", "work").depth == 7)
+        assert sub.get(timeout=0.2) is None
+        assert channel_stats(client, "events", "work").in_flight_count == 3
+        sub.fin(first[0][1].id)
+        collect([sub], 1, fin=False)
+        wait_for(lambda: channel_stats(client, "events", "work").depth == 6)
+
+
+def test_timed_out_message_is_redelivered_with_higher_attempts(client):
+    with client.subscribe("events", "work", rdy=1, msg_timeout_ms=100) as sub:
+        msg_id = client.publish("events", "late")
+        [(_, first)] = collect([sub], 1, fin=False)
+        [(_, again)] = collect([sub], 1)
+    assert (first.id, first.attempts) == (msg_id, 1)
+    assert (again.id, again.attempts) == (msg_id, 2)
+    assert channel_stats(client, "events", "work").timeout_count == 1
+
+
+def test_req_with_delay_comes_back_from_the_deferred_queue(client):
+    with client.subscribe("events", "work", rdy=1) as sub:
+        msg_id = client.publish("events", "again")
+        [(_, first)] = collect([sub], 1, fin=False)
+        sub.req(first.id, delay_ms=200)
+        wait_for(lambda: channel_stats(client, "events", "work").deferred_count == 1)
+        [(_, again)] = collect([sub], 1)
+    assert (again.id, again.attempts) == (msg_id, 2)
+    stats = channel_stats(client, "events", "work")
+    assert (stats.requeue_count, stats.deferred_count, stats.finish_count) == (1, 0, 1)
+
+
+def test_touch_keeps_a_message_in_flight_past_its_timeout(client):
+    with client.subscribe("events", "work", rdy=1, msg_timeout_ms=1000) as sub:
+        client.publish("events", "slow")
+        [(_, msg)] = collect([sub], 1, fin=False)
+        started = time.monotonic()
+        while time.monotonic() - started < 1.5:  # past the timeout, touching often
+            sub.touch(msg.id)
+            time.sleep(0.1)
+        sub.fin(msg.id)
+        assert sub.error(timeout=0.2) is None
+    stats = channel_stats(client, "events", "work")
+    assert (stats.timeout_count, stats.finish_count) == (0, 1)
+
+
+def test_deferred_publish_arrives_no_earlier_than_its_delay(client):
+    with client.subscribe("events", "work", rdy=1) as sub:
+        sent = time.monotonic()
+        msg_id = client.publish("events", "later", defer_ms=300)
+        assert channel_stats(client, "events", "work").deferred_count == 1
+        [(_, msg)] = collect([sub], 1)
+        assert time.monotonic() - sent >= 0.3
+    assert msg.id == msg_id
+
+
+def test_disconnecting_consumer_messages_go_to_another_consumer_at_once(client):
+    leaving = client.subscribe("events", "work", rdy=5, msg_timeout_ms=600_000)
+    ids = client.multi_publish("events", [f"m{i}" for i in range(5)])
+    collect([leaving], 5, fin=False)
+    leaving.close()
+    with client.subscribe("events", "work", rdy=5) as staying:
+        got = collect([staying], 5)
+    assert sorted(m.id for _, m in got) == sorted(ids)
+    assert {m.attempts for _, m in got} == {2}
+    stats = channel_stats(client, "events", "work")
+    assert (stats.requeue_count, stats.timeout_count) == (5, 0)
+
+
+def test_paused_channel_holds_messages_until_unpaused(client):
+    with client.subscribe("events", "work", rdy=5) as sub:
+        client.admin("channel", "pause", "events", "work")
+        msg_id = client.publish("events", "held")
+        assert channel_stats(client, "events", "work").paused
+        assert sub.get(timeout=0.2) is None
+        client.admin("channel", "unpause", "events", "work")
+        [(_, msg)] = collect([sub], 1)
+    assert msg.id == msg_id
+
+
+def test_paused_topic_holds_messages_until_unpaused(client):
+    with client.subscribe("events", "work", rdy=5) as sub:
+        client.admin("topic", "pause", "events")
+        msg_id = client.publish("events", "held")
+        assert client.stats("events").topics[0].depth == 1
+        assert sub.get(timeout=0.2) is None
+        client.admin("topic", "unpause", "events")
+        [(_, msg)] = collect([sub], 1)
+    assert msg.id == msg_id
+
+
+def test_empty_channel_drops_its_messages(client):
+    client.admin("channel", "create", "events", "work")
+    client.multi_publish("events", ["a", "b", "c"])
+    client.admin("channel", "empty", "events", "work")
+    assert channel_stats(client, "events", "work").depth == 0
+    with client.subscribe("events", "work", rdy=5) as sub:
+        msg_id = client.publish("events", "new")
+        [(_, msg)] = collect([sub], 1)
+    assert msg.id == msg_id
+
+
+def test_deleting_a_channel_ends_its_consumer_streams_with_not_found(client):
+    with client.subscribe("events", "gone", rdy=5) as gone, \
+            client.subscribe("events", "kept", rdy=5) as kept:
+        client.admin("channel", "delete", "events", "gone")
+        with pytest.raises(ClientError, match="channel events/gone was deleted") as err:
+            gone.get(timeout=5)
+        assert err.value.status == grpc.StatusCode.NOT_FOUND
+        msg_id = client.publish("events", "still served")
+        [(_, msg)] = collect([kept], 1)
+    assert msg.id == msg_id
+    assert [c.name for c in client.stats("events").topics[0].channels] == ["kept"]
+
+
+def test_ephemeral_channel_and_topic_go_away_with_their_last_consumer(client):
+    with client.subscribe("scratch#ephemeral", "tail#ephemeral", rdy=5) as sub:
+        client.publish("scratch#ephemeral", "x")
+        collect([sub], 1)
+        assert [t.name for t in client.stats().topics] == ["scratch#ephemeral"]
+    wait_for(lambda: not client.stats().topics, message="the ephemeral topic to go")
+
+
+def test_stats_show_clients_counts_and_latency_percentiles(client):
+    with client.subscribe("events", "work", rdy=10, client_id="worker-1") as sub:
+        client.multi_publish("events", [f"m{i}" for i in range(10)])
+        collect([sub], 10)
+        wait_for(lambda: channel_stats(client, "events", "work").finish_count == 10)
+        stats = channel_stats(client, "events", "work")
+    [worker] = stats.clients
+    assert (worker.client_id, worker.ready_count, worker.finish_count) == ("worker-1", 10, 10)
+    assert stats.message_count == 10
+    assert [p.quantile for p in stats.e2e_processing_latency] == [0.5, 0.95, 0.99]
+    assert all(p.value_ms > 0 for p in stats.e2e_processing_latency)
+
+
+def test_req_without_delay_redelivers_at_once_with_higher_attempts(client):
+    with client.subscribe("events", "work", rdy=1) as sub:
+        msg_id = client.publish("events", "again")
+        [(_, first)] = collect([sub], 1, fin=False)
+        sub.req(first.id)
+        [(_, again)] = collect([sub], 1)
+    assert (again.id, again.attempts) == (msg_id, 2)
+    assert channel_stats(client, "events", "work").deferred_count == 0
+
+
+def test_subscribed_frame_states_the_consumer_timeout(client):
+    with client.subscribe("events", "default", rdy=0) as default, \
+            client.subscribe("events", "own", rdy=0, msg_timeout_ms=1234) as own:
+        assert (default.msg_timeout_ms, own.msg_timeout_ms) == (60_000, 1234)
+
+
+def test_cls_stops_delivery_and_is_answered_with_close_wait(client):
+    with client.subscribe("events", "work", rdy=5) as sub, \
+            client.subscribe("events", "work", rdy=5) as other:
+        sub.cls()
+        assert sub.close_wait.wait(timeout=5)
+        ids = client.multi_publish("events", ["a", "b", "c"])
+        got = collect([other], 3)
+        assert sorted(m.id for _, m in got) == sorted(ids)
+        assert sub.get(timeout=0.1) is None

@@ -1,0 +1,141 @@
+"""Bad requests over gRPC: each gets a status whose message names what was
+wrong, FIN/REQ/TOUCH failures leave the stream open, and everyone else goes on."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from broker import ClientError, EmbeddedBroker
+from broker.api import broker_pb2 as pb
+
+from .helpers import wait_for
+from .grpckit import channel_stats, collect
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+NOT_FOUND = grpc.StatusCode.NOT_FOUND
+
+
+@pytest.fixture
+def broker():
+    """Small limits, so that going over them is cheap (conftest's ``client`` uses it)."""
+    with EmbeddedBroker(max_msg_size=100, max_rdy_count=50, max_msg_timeout="10s",
+                        msg_timeout="5s", max_req_timeout="10s") as b:
+        yield b
+
+
+@pytest.fixture
+def bystander(client):
+    """A consumer on another topic that must keep being served throughout."""
+    sub = client.subscribe("other", "watch", rdy=10)
+    yield sub
+    client.publish("other", "still here")
+    [(_, msg)] = collect([sub], 1)
+    assert msg.body == b"still here"
+    sub.close()
+
+
+BAD_REQUESTS = [
+    ("publish to a bad topic name", lambda c: c.publish("bad topic", "x"), INVALID,
+     "invalid topic name 'bad topic'"),
+    ("publish an empty body", lambda c: c.publish("events", b""), INVALID, "empty body"),
+    ("publish an oversize body", lambda c: c.publish("events", b"x" * 101), INVALID,
+     "body of 101 bytes is over the max-msg-size of 100"),
+    ("multi-publish with one oversize body", lambda c: c.multi_publish("events", ["a", "x" * 101]),
+     INVALID, "message 1: body of 101 bytes"),
+    ("multi-publish nothing", lambda c: c.multi_publish("events", []), INVALID, "no messages"),
+    ("defer beyond max-req-timeout", lambda c: c.publish("events", "x", defer_ms=10_001),
+     INVALID, "DPUB defer 10001 ms out of range"),
+    ("subscribe with a bad channel name", lambda c: c.subscribe("events", "a/b"), INVALID,
+     "SUB: invalid channel name 'a/b'"),
+    ("subscribe with a timeout over max-msg-timeout",
+     lambda c: c.subscribe("events", "work", msg_timeout_ms=10_001), INVALID,
+     "max-msg-timeout of 10000 ms"),
+    ("pause a missing topic", lambda c: c.admin("topic", "pause", "nope"), NOT_FOUND,
+     "topic nope does not exist"),
+    ("empty a missing channel", lambda c: c.admin("channel", "empty", "other", "nope"), NOT_FOUND,
+     "channel other/nope does not exist"),
+    ("create a channel with a bad name", lambda c: c.admin("channel", "create", "events", "#x"),
+     INVALID, "invalid channel name '#x'"),
+    ("stats of a missing topic", lambda c: c.stats("nope"), NOT_FOUND, "topic nope does not exist"),
+]
+
+
+@pytest.mark.parametrize("call, status, message",
+                         [r[1:] for r in BAD_REQUESTS], ids=[r[0] for r in BAD_REQUESTS])
+def test_bad_request_gets_a_status_naming_what_was_wrong(client, bystander, call, status, message):
+    with pytest.raises(ClientError) as err:
+        call(client)
+    assert err.value.status == status
+    assert message in str(err.value)
+
+
+def test_refused_publish_leaves_nothing_behind(client, bystander):
+    with pytest.raises(ClientError):
+        client.multi_publish("events", ["a", "x" * 101])
+    assert [t.name for t in client.stats().topics] == ["other"]
+
+
+def test_rdy_out_of_range_ends_only_that_stream(client, bystander):
+    sub = client.subscribe("events", "work", rdy=0)
+    sub.rdy(51)
+    with pytest.raises(ClientError, match="RDY 51 out of range: must be 0 to 50") as err:
+        sub.get(timeout=5)
+    assert err.value.status == INVALID
+    sub.close()
+
+
+@pytest.mark.parametrize("command", ["fin", "req", "touch"])
+def test_command_on_an_unknown_message_is_an_error_frame_and_the_stream_goes_on(
+        client, bystander, command):
+    with client.subscribe("events", "work", rdy=5) as sub:
+        getattr(sub, command)("0123456789abcdef")
+        error = sub.error(timeout=5)
+        assert error.code == f"E_{command.upper()}_FAILED"
+        assert error.id == "0123456789abcdef"
+        assert "0123456789abcdef: message not in flight for this consumer" in error.message
+        assert error.status_code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+        msg_id = client.publish("events", "after the error")
+        [(_, msg)] = collect([sub], 1)
+    assert msg.id == msg_id
+
+
+@pytest.mark.parametrize("command", ["fin", "req", "touch"])
+def test_command_on_a_message_another_consumer_holds_changes_nothing(client, bystander, command):
+    with client.subscribe("events", "work", rdy=1) as holder, \
+            client.subscribe("events", "work", rdy=0) as other:
+        msg_id = client.publish("events", "mine")
+        [(_, msg)] = collect([holder], 1, fin=False)
+        getattr(other, command)(msg_id)
+        assert other.error(timeout=5).code == f"E_{command.upper()}_FAILED"
+        assert channel_stats(client, "events", "work").in_flight_count == 1
+        holder.fin(msg.id)
+        wait_for(lambda: channel_stats(client, "events", "work").finish_count == 1)
+        assert holder.error(timeout=0.1) is None
+
+
+def test_req_delay_out_of_range_is_an_error_frame_and_the_message_stays_held(client, bystander):
+    with client.subscribe("events", "work", rdy=1) as sub:
+        client.publish("events", "x")
+        [(_, msg)] = collect([sub], 1, fin=False)
+        sub.req(msg.id, delay_ms=10_001)
+        error = sub.error(timeout=5)
+        assert error.code == "E_INVALID" and "REQ delay 10001 ms out of range" in error.message
+        sub.fin(msg.id)
+        wait_for(lambda: channel_stats(client, "events", "work").finish_count == 1)
+
+
+def test_stream_whose_first_frame_is_not_sub_is_refused(client, bystander):
+    frames = iter([pb.ClientFrame(rdy=pb.Rdy(count=1))])
+    with pytest.raises(grpc.RpcError) as err:
+        list(client.stub.Subscribe(frames, timeout=5))
+    assert err.value.code() == INVALID
+    assert "the first frame must be SUB, got rdy" in err.value.details()
+
+
+def test_second_sub_on_a_stream_is_refused(client, bystander):
+    sub = pb.ClientFrame(sub=pb.Sub(topic="events", channel="work"))
+    with pytest.raises(grpc.RpcError) as err:
+        list(client.stub.Subscribe(iter([sub, sub]), timeout=5))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "SUB: this stream is already subscribed" in err.value.details()
