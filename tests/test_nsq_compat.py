@@ -297,3 +297,34 @@ def test_default_ports_are_nsqds():
 
     options = Options()
     assert (options.tcp_address, options.http_address) == ("127.0.0.1:4150", "127.0.0.1:4151")
+
+
+def test_a_gnsq_consumer_reconnects_when_the_broker_comes_back(tmp_path):
+    from broker import Client
+
+    from .helpers import free_port
+
+    tcp = f"127.0.0.1:{free_port()}"
+    first = EmbeddedBroker(tcp_address=tcp).start()
+    consumer = subprocess.Popen([sys.executable, str(CLIENTS / "gnsq_client.py"), "consume",
+                                 tcp, "r", "ch", "2"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        with Client(first.address) as client:
+            wait_for(lambda: any(c.clients for t in client.stats().topics for c in t.channels),
+                     30, message="the consumer to subscribe")
+            client.publish("r", b"before")
+            wait_for(lambda: client.stats("r").topics[0].channels[0].finish_count == 1, 30,
+                     message="the first message to be FINed")
+        first.stop()
+        with EmbeddedBroker(tcp_address=tcp) as second, Client(second.address) as client:
+            wait_for(lambda: any(c.clients for t in client.stats().topics for c in t.channels),
+                     30, message="the consumer to reconnect")
+            client.publish("r", b"after")
+            out, err = consumer.communicate(timeout=60)
+        assert consumer.returncode == 0, err[-3000:]
+        assert [m["body"] for m in json.loads(out.strip().splitlines()[-1])] == ["before", "after"]
+    finally:
+        first.stop()
+        if consumer.poll() is None:
+            consumer.kill()
