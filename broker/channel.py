@@ -173,15 +173,30 @@ class Channel:
 
     # -- FIN / REQ / TOUCH -----------------------------------------------
     def finish(self, consumer: Consumer, msg_id: str) -> None:
+        self._finish(consumer, msg_id, self._clock.wall_ns())
+        self._pump()
+
+    def finish_many(self, consumer: Consumer, msg_ids: Iterable[str]) -> list[NotInFlight]:
+        """FIN several messages, refilling the consumer once; returns the failures."""
+        failures = []
+        wall_ns = self._clock.wall_ns()
+        for msg_id in msg_ids:
+            try:
+                self._finish(consumer, msg_id, wall_ns)
+            except NotInFlight as err:
+                failures.append(err)
+        self._pump()
+        return failures
+
+    def _finish(self, consumer: Consumer, msg_id: str, wall_ns: int) -> None:
         msg = self._held(consumer, msg_id, "FIN")
         del consumer.in_flight[msg_id]
         self._in_flight.cancel(msg)
         msg.consumer = None
         consumer.finish_count += 1
         self.finish_count += 1
-        self.latency.add((self._clock.wall_ns() - msg.timestamp) / 1e6)
+        self.latency.add((wall_ns - msg.timestamp) / 1e6)
         self._broker.on_finish(self, msg)
-        self._pump()
 
     def finish_all(self, holder: Consumer) -> int:
         """FIN everything ``holder`` has in flight (a lease); returns how many."""

@@ -188,8 +188,8 @@ class BrokerService(pb_grpc.BrokerServicer):
             if kind == "rdy":
                 channel.set_rdy(consumer, frame.rdy.count)
             elif kind == "fin":
-                for msg_id in frame.fin.ids:
-                    self._soft(channel.finish, consumer, msg_id, replies)
+                for err in channel.finish_many(consumer, frame.fin.ids):
+                    replies.append(self._error_frame(err, err.msg_id))
             elif kind == "req":
                 self._soft(lambda c, i: channel.requeue(c, i, frame.req.delay_ms / 1000),
                            consumer, frame.req.id, replies)
@@ -209,14 +209,19 @@ class BrokerService(pb_grpc.BrokerServicer):
         except BrokerError as err:
             raise _Fatal(status_of(err), str(err)) from None
 
-    @staticmethod
-    def _soft(action, consumer: Consumer, msg_id: str, replies: list[pb.ServerFrame]) -> None:
-        """FIN/REQ/TOUCH: a failure is reported on the stream, which stays open."""
+    @classmethod
+    def _soft(cls, action, consumer: Consumer, msg_id: str,
+              replies: list[pb.ServerFrame]) -> None:
+        """REQ/TOUCH: a failure is reported on the stream, which stays open."""
         try:
             action(consumer, msg_id)
         except (NotInFlight, InvalidRequest) as err:
-            replies.append(pb.ServerFrame(error=pb.Error(
-                status_code=status_of(err).value[0], code=err.code, message=str(err), id=msg_id)))
+            replies.append(cls._error_frame(err, msg_id))
+
+    @staticmethod
+    def _error_frame(err: BrokerError, msg_id: str) -> pb.ServerFrame:
+        return pb.ServerFrame(error=pb.Error(status_code=status_of(err).value[0], code=err.code,
+                                             message=str(err), id=msg_id))
 
     # -- admin ------------------------------------------------------------
     async def _admin(self, context, action, *args) -> pb.AdminResponse:
