@@ -66,8 +66,11 @@ class Record:
         return channel, msg_id, deliver_at, attempts
 
 
-def scan(data: bytes, where: str) -> tuple[Iterator[Record], list[int]]:
-    """Iterate the valid records of ``data``; the list gets the end of the last valid one."""
+def scan(data: bytes, where: str, quiet: bool = False) -> tuple[Iterator[Record], list[int]]:
+    """Iterate the valid records of ``data``; the list gets the end of the last valid one.
+
+    ``quiet``: ``data`` is a window that may end inside a record; stop there silently.
+    """
     end = [0]
 
     def records() -> Iterator[Record]:
@@ -86,6 +89,8 @@ def scan(data: bytes, where: str) -> tuple[Iterator[Record], list[int]]:
                 pos = stop
                 end[0] = pos
                 continue
+            if quiet:
+                return
             if damaged_at is None:
                 damaged_at = pos
             nxt = data.find(MAGIC, pos + 1)

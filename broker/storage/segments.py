@@ -21,6 +21,8 @@ log = logging.getLogger("pynsqd")
 OFFSET_BITS = 40
 # A drained topic rolls its current file once it is this big, so the file can be deleted.
 ROLL_WHEN_DRAINED = 1 << 20
+# Bytes read at once when a message waiting on disk comes up.
+READ_AHEAD = 256 << 10
 
 
 def location(seg: int, offset: int) -> int:
@@ -38,6 +40,7 @@ class TopicLog:
         self.max_bytes = max(max_bytes, 1024)
         self.refs: dict[int, int] = {}
         self._readers: dict[int, int] = {}
+        self._read_ahead: dict[int, records.Record] = {}
         self.current = 0
         self._fd = -1
         self._size = 0
@@ -80,16 +83,30 @@ class TopicLog:
             os.fsync(self._fd)
 
     def read_record(self, loc: int) -> records.Record:
+        """The record at ``loc``. Reads ahead: messages waiting on disk come up in log
+        order, so one read serves the records that follow it too."""
+        record = self._read_ahead.pop(loc, None)
+        if record is not None:
+            return record
         seg, offset = split(loc)
         fd = self._readers.get(seg)
         if fd is None:
             fd = self._readers[seg] = os.open(self.path(seg), os.O_RDONLY)
-        head = os.pread(fd, 4096, offset)
-        _, kind, length, _ = records.HEADER.unpack_from(head)
+        block = os.pread(fd, READ_AHEAD, offset)
+        _, kind, length, _ = records.HEADER.unpack_from(block)
         total = records.HEADER_SIZE + length
-        if len(head) < total:
-            head = os.pread(fd, total, offset)
-        return records.Record(kind, offset, memoryview(head)[records.HEADER_SIZE:total])
+        if len(block) < total:
+            block = os.pread(fd, total, offset)
+        self._read_ahead.clear()
+        found, _ = records.scan(block, str(self.path(seg)), quiet=True)
+        for r in found:
+            self._read_ahead[location(seg, offset + r.offset)] = records.Record(
+                r.kind, offset + r.offset, r.payload)
+        record = self._read_ahead.pop(loc, None)
+        if record is None:  # damaged since it was written: hand back what is there
+            log.warning("%s: record at offset %d fails its check", self.path(seg), offset)
+            record = records.Record(kind, offset, memoryview(block)[records.HEADER_SIZE:total])
+        return record
 
     def hold(self, seg: int, count: int = 1) -> None:
         self.refs[seg] = self.refs.get(seg, 0) + count
