@@ -13,37 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from broker import Client
 
+try:
+    from .common import start_pynsqd, stop
+except ImportError:  # run as a script
+    from common import start_pynsqd, stop
+
 BODY = b"x" * 100
-
-
-def start(*args: str) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{s.getsockname()[1]}"
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "pynsqd"), "--grpc-address",
-                             address, "--log-level", "warning",
-                             "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0", *args])
-    client = Client(address, timeout=1)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            client.ping()
-            break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-    client.close()
-    return proc, address
 
 
 def publish(address: str, n: int, batch: int = 100) -> float:
@@ -81,13 +62,12 @@ def du_mb(path: Path) -> float:
 
 
 def throughput(n: int, *args: str) -> dict:
-    proc, address = start(*args)
+    proc, address = start_pynsqd(*args)
     try:
         pub_s = publish(address, n)
         sub_s = consume(address, n)
     finally:
-        proc.terminate()
-        proc.wait(60)
+        stop(proc)
     return {"publish_msgs_per_s": round(n / pub_s), "consume_msgs_per_s": round(n / sub_s)}
 
 
@@ -96,7 +76,7 @@ def run(messages: int, queued: int) -> dict:
         memory = throughput(messages)
         durable = throughput(messages, "--data-path", f"{tmp}/throughput")
         data = Path(tmp) / "queued"
-        proc, address = start("--data-path", str(data))
+        proc, address = start_pynsqd("--data-path", str(data))
         try:
             publish(address, queued, batch=500)
             rss = rss_mb(proc.pid)
@@ -105,8 +85,7 @@ def run(messages: int, queued: int) -> dict:
             time.sleep(3)  # let the next sync/reclaim tick run
             after = du_mb(data)
         finally:
-            proc.terminate()
-            proc.wait(60)
+            stop(proc)
     return {
         "messages": messages, "memory": memory, "durable": durable,
         "durable_vs_memory_publish": round(durable["publish_msgs_per_s"]

@@ -15,25 +15,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import grpc
 
 from broker.api import broker_pb2 as pb
 from broker.api import broker_pb2_grpc as pb_grpc
 
+try:
+    from .common import free_port, start, start_pynsqd, stop
+except ImportError:  # run as a script
+    from common import free_port, start, start_pynsqd, stop
+
 BATCH, SIZE, RDY = 100, 100, 1000
 BODY = b"x" * SIZE
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def publish(address: str, n: int) -> float:
@@ -137,42 +133,25 @@ async def serve_baseline(port: int) -> None:
     await server.wait_for_termination()
 
 
-def start(cmd: list[str], port: int) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"server on {port} did not start")
-
-
 def measure(address: str, n: int) -> dict:
     return {"publish_msgs_per_s": round(n / asyncio.run(publish(address, n))),
             "consume_msgs_per_s": round(n / asyncio.run(consume(address, n)))}
 
 
 def run(n: int, latency_messages: int = 3000) -> dict:
-    port = free_port()
-    broker = start([str(Path(sys.executable).parent / "pynsqd"), "--grpc-address",
-                    f"127.0.0.1:{port}", "--tcp-address", "", "--http-address", "",
-                    "--log-level", "warning", "--mem-queue-size", str(n)], port)
+    broker, address = start_pynsqd("--tcp-address", "", "--http-address", "",
+                                   "--mem-queue-size", str(n))
     try:
-        result = measure(f"127.0.0.1:{port}", n)
-        lat = asyncio.run(latency(f"127.0.0.1:{port}", latency_messages))
+        result = measure(address, n)
+        lat = asyncio.run(latency(address, latency_messages))
     finally:
-        broker.terminate()
-        broker.wait(30)
+        stop(broker)
     port = free_port()
     raw = start([sys.executable, __file__, "--baseline-server", str(port)], port)
     try:
         baseline = measure(f"127.0.0.1:{port}", n)
     finally:
-        raw.terminate()
-        raw.wait(30)
+        stop(raw)
     return {"messages": n, "pynsqd": result, "raw_grpc": baseline, "latency": lat,
             "publish_ratio": round(result["publish_msgs_per_s"]
                                    / baseline["publish_msgs_per_s"], 3),

@@ -15,25 +15,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
 import struct
-import subprocess
 import sys
 import time
-from pathlib import Path
+
+try:
+    from .common import free_port, start, start_pynsqd, stop
+except ImportError:  # run as a script
+    from common import free_port, start, start_pynsqd, stop
 
 BATCH, SIZE, RDY = 200, 100, 2500
 BODY = b"x" * SIZE
 MPUB = (b"MPUB bench\n" + struct.pack(">ii", 4 + BATCH * (4 + SIZE), BATCH)
         + (struct.pack(">i", SIZE) + BODY) * BATCH)
 OK = struct.pack(">ii", 6, 0) + b"OK"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def read_frames(reader: asyncio.StreamReader, buf: bytearray) -> list[tuple[int, bytes]]:
@@ -136,19 +131,6 @@ async def baseline_server(port: int) -> None:
         await server.serve_forever()
 
 
-def start(cmd: list[str], port: int) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"server on {port} did not start")
-
-
 def measure(port: int, n: int) -> dict:
     pub = asyncio.run(publish(port, n))
     sub = asyncio.run(consume(port, n))
@@ -157,22 +139,18 @@ def measure(port: int, n: int) -> dict:
 
 def run(n: int) -> dict:
     port = free_port()
-    pynsqd = Path(sys.executable).parent / "pynsqd"
-    broker = start([str(pynsqd), "--tcp-address", f"127.0.0.1:{port}", "--grpc-address",
-                    "127.0.0.1:0", "--http-address", "", "--log-level", "warning",
-                    "--mem-queue-size", str(n)], port)
+    broker, _ = start_pynsqd("--tcp-address", f"127.0.0.1:{port}", "--http-address", "",
+                             "--mem-queue-size", str(n))
     try:
         result = measure(port, n)
     finally:
-        broker.terminate()
-        broker.wait(30)
+        stop(broker)
     port = free_port()
     raw = start([sys.executable, __file__, "--baseline-server", str(port)], port)
     try:
         baseline = measure(port, n)
     finally:
-        raw.terminate()
-        raw.wait(30)
+        stop(raw)
     return {"messages": n, "pynsqd": result, "raw_asyncio": baseline,
             "publish_ratio": round(result["publish_msgs_per_s"]
                                    / baseline["publish_msgs_per_s"], 3),

@@ -15,12 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -29,24 +25,10 @@ from pyspark.sql import SparkSession, functions as F  # noqa: E402
 from broker import Client  # noqa: E402
 from spark_connector import pub_to_topic  # noqa: E402
 
-
-def start_broker() -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    address = f"127.0.0.1:{port}"
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "pynsqd"), "--grpc-address",
-                             address, "--log-level", "warning",
-                             "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0"])
-    client = Client(address, timeout=1)
-    for _ in range(200):
-        try:
-            client.ping()
-            break
-        except Exception:
-            time.sleep(0.05)
-    client.close()
-    return proc, address
+try:
+    from .common import start_pynsqd, stop
+except ImportError:  # run as a script
+    from common import start_pynsqd, stop
 
 
 def timed(fn) -> float:
@@ -67,7 +49,7 @@ def main() -> None:
     df = (spark.range(args.rows, numPartitions=args.partitions)
           .select(F.lpad(F.col("id").cast("string"), 100, "x").alias("body")).cache())
     df.count()
-    proc, address = start_broker()
+    proc, address = start_pynsqd()
     client = Client(address)
     try:
         noop_s = timed(lambda: df.write.format("noop").mode("overwrite").save())
@@ -79,8 +61,7 @@ def main() -> None:
         client.admin("topic", "delete", "bench-sink")
     finally:
         client.close()
-        proc.terminate()
-        proc.wait(30)
+        stop(proc)
     rate = lambda s: round(args.rows / s)  # noqa: E731
     print(json.dumps({"rows": args.rows, "noop_rows_per_s": rate(noop_s),
                       "pub_to_topic_rows_per_s": rate(fb_s),

@@ -5,6 +5,7 @@ strings (``{"message": "MISSING_ARG_TOPIC"}``)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import time
@@ -43,25 +44,22 @@ class HttpApi:
         self.runner: web.AppRunner | None = None
 
     # -- arguments --------------------------------------------------------
+    @staticmethod
+    def _name(request: web.Request, key: str) -> str:
+        """A topic or channel argument, or nsqd's 400: MISSING_ARG_X / INVALID_X."""
+        value = request.query.get(key)
+        problem = ("MISSING_ARG_" if not value else
+                   "INVALID_" if not is_valid_name(value) else None)
+        if problem:
+            raise web.HTTPBadRequest(text=json.dumps({"message": problem + key.upper()}),
+                                     content_type="application/json")
+        return value
+
     def _topic(self, request: web.Request) -> str:
-        topic = request.query.get("topic")
-        if not topic:
-            raise web.HTTPBadRequest(text='{"message":"MISSING_ARG_TOPIC"}',
-                                     content_type="application/json")
-        if not is_valid_name(topic):
-            raise web.HTTPBadRequest(text='{"message":"INVALID_TOPIC"}',
-                                     content_type="application/json")
-        return topic
+        return self._name(request, "topic")
 
     def _channel(self, request: web.Request) -> str:
-        channel = request.query.get("channel")
-        if not channel:
-            raise web.HTTPBadRequest(text='{"message":"MISSING_ARG_CHANNEL"}',
-                                     content_type="application/json")
-        if not is_valid_name(channel):
-            raise web.HTTPBadRequest(text='{"message":"INVALID_CHANNEL"}',
-                                     content_type="application/json")
-        return channel
+        return self._name(request, "channel")
 
     # -- handlers ---------------------------------------------------------
     async def ping(self, request: web.Request) -> web.Response:

@@ -1,0 +1,43 @@
+"""What the benchmarks share: free ports and servers started as subprocesses."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd: list[str], port: int, timeout: float = 30.0) -> subprocess.Popen:
+    """Run ``cmd`` and wait until something listens on ``port``."""
+    proc = subprocess.Popen(cmd)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"{cmd[0]} did not listen on port {port}")
+
+
+def start_pynsqd(*args: str, grpc_port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """A `pynsqd` with gRPC on a free port (TCP and HTTP too, unless ``args`` say otherwise)."""
+    port = grpc_port or free_port()
+    cmd = [str(Path(sys.executable).parent / "pynsqd"), "--grpc-address", f"127.0.0.1:{port}",
+           "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
+           "--log-level", "warning", *args]
+    return start(cmd, port), f"127.0.0.1:{port}"
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    proc.wait(60)
