@@ -24,8 +24,9 @@ PUB, FIN, DEFER, ATTEMPTS, EMPTY = 1, 2, 3, 4, 5
 
 # PUB: topic epoch, id, publish ns, deliver-at wall ns (0: at once), then the body.
 PUB_HEAD = struct.Struct(">IQqq")
-# FIN / DEFER / ATTEMPTS name a channel (length-prefixed) and a message.
+# DEFER / ATTEMPTS / EMPTY name a channel (length-prefixed) and a message.
 ID_AT = struct.Struct(">Qqh")             # id, deliver-at wall ns, attempts
+# FIN names a channel and the ids it finished (one record for many FINs).
 MAX_PAYLOAD = 64 << 20
 
 
@@ -44,6 +45,11 @@ def channel_event(kind: int, channel: str, msg_id: int = 0, deliver_at: int = 0,
     return encode(kind, bytes((len(name),)) + name + ID_AT.pack(msg_id, deliver_at, attempts))
 
 
+def fins(channel: str, msg_ids: list[int]) -> bytes:
+    name = channel.encode()
+    return encode(FIN, bytes((len(name),)) + name + struct.pack(f">{len(msg_ids)}Q", *msg_ids))
+
+
 @dataclass(slots=True)
 class Record:
     kind: int
@@ -57,6 +63,13 @@ class Record:
 
     def body(self) -> bytes:
         return bytes(self.payload[PUB_HEAD.size:])
+
+    def fins(self) -> tuple[str, tuple[int, ...]]:
+        """(channel, ids finished)."""
+        n = self.payload[0]
+        channel = bytes(self.payload[1:1 + n]).decode()
+        count = (len(self.payload) - 1 - n) // 8
+        return channel, struct.unpack_from(f">{count}Q", self.payload, 1 + n)
 
     def channel_event(self) -> tuple[str, int, int, int]:
         """(channel, id, deliver_at, attempts)."""

@@ -57,6 +57,7 @@ class Storage:
         self._lock_fd = self._lock()
         self.logs: dict[str, TopicLog] = {}
         self._pending_records: dict[str, list[bytes]] = {}
+        self._fins: dict[tuple[str, str], list[int]] = {}  # (topic, channel) -> ids
         self._unsynced = 0
         self._last_sync = time.monotonic()
         self._syncing: asyncio.Future | None = None
@@ -123,8 +124,9 @@ class Storage:
     def finished(self, channel: "Channel", msg: Message) -> None:
         if channel.ephemeral or channel.topic.ephemeral or not msg.loc:
             return
-        self._record(channel.topic, records.channel_event(records.FIN, channel.name,
-                                                          int(msg.id, 16)))
+        if not self._fins and not self._pending_records:
+            self._flush_soon()
+        self._fins.setdefault((channel.topic.name, channel.name), []).append(int(msg.id, 16))
         self._log(channel.topic).release(split(msg.loc)[0])
 
     def deferred(self, channel: "Channel", msg: Message, delay: float) -> None:
@@ -148,6 +150,7 @@ class Storage:
 
     def topic_deleted(self, topic: "Topic") -> None:
         self._pending_records.pop(topic.name, None)
+        self._fins = {k: v for k, v in self._fins.items() if k[0] != topic.name}
         topic_log = self.logs.pop(topic.name, None)
         if topic_log is not None:
             topic_log.destroy()
@@ -176,12 +179,17 @@ class Storage:
     def _record(self, topic: "Topic", data: bytes) -> None:
         """Queue a FIN/DEFER/... record; all queued ones go out in one write per topic
         at the end of this event-loop pass."""
-        if not self._pending_records and not self._restoring:
-            try:
-                asyncio.get_running_loop().call_soon(self.flush)
-            except RuntimeError:  # no loop (shutting down): close() flushes
-                pass
+        if not self._pending_records and not self._fins:
+            self._flush_soon()
         self._pending_records.setdefault(topic.name, []).append(data)
+
+    def _flush_soon(self) -> None:
+        if self._restoring:
+            return
+        try:
+            asyncio.get_running_loop().call_soon(self.flush)
+        except RuntimeError:  # no loop (shutting down): close() flushes
+            pass
 
     # -- time -------------------------------------------------------------
     def tick(self) -> None:
@@ -206,6 +214,10 @@ class Storage:
             log.error("fsync failed: %s", future.exception())
 
     def flush(self) -> None:
+        # FINs go first: a DEFER or EMPTY queued after them must not be undone by them.
+        fins, self._fins = self._fins, {}
+        for (topic, channel), ids in fins.items():
+            self._pending_records.setdefault(topic, []).insert(0, records.fins(channel, ids))
         for name, parts in self._pending_records.items():
             topic_log = self.logs.get(name)
             if topic_log is not None and parts:
@@ -255,10 +267,14 @@ class Storage:
                     if not targets:
                         held[msg_id] = entry
                     continue
-                name, msg_id, deliver_at, attempts = record.channel_event()
                 if record.kind == records.FIN:
-                    pending.get(name, {}).pop(msg_id, None)
-                elif record.kind == records.EMPTY:
+                    name, ids = record.fins()
+                    finished = pending.get(name, {})
+                    for msg_id in ids:
+                        finished.pop(msg_id, None)
+                    continue
+                name, msg_id, deliver_at, attempts = record.channel_event()
+                if record.kind == records.EMPTY:
                     (pending.get(name, {}) if name else held).clear()
                 elif record.kind in (records.DEFER, records.ATTEMPTS):
                     entry = pending.get(name, {}).get(msg_id)
