@@ -3,7 +3,8 @@
     python benchmarks/spark_source.py [--messages 1000000] [--partitions 2]
 
 Both runs happen in one Spark session, one after the other: the pynsq source
-reading a channel of N messages of 100 bytes with ``availableNow``, and an
+reading a channel of N messages of 100 bytes from a ``pynsqd`` subprocess with
+``availableNow``, and an
 in-memory Python streaming source that yields the same number of rows of the
 same schema as Arrow batches (no broker, no network). The ratio is the figure.
 """
@@ -23,9 +24,14 @@ import pyarrow as pa  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition  # noqa: E402
 
-from broker import Client, EmbeddedBroker  # noqa: E402
+from broker import Client  # noqa: E402
 from spark_connector.datasource import SCHEMA  # noqa: E402
 from spark_connector.fetch import ARROW_SCHEMA  # noqa: E402
+
+try:
+    from .common import start_pynsqd, stop
+except ImportError:  # run as a script
+    from common import start_pynsqd, stop
 
 BODY = b"x" * 100
 
@@ -87,16 +93,19 @@ def timed_available_now(df) -> tuple[float, int]:
 
 def run(spark, messages: int, partitions: int) -> dict:
     spark.dataSource.register(MemorySource)
-    with EmbeddedBroker(msg_timeout="15m") as broker:
-        client = Client(broker.address)
+    proc, address = start_pynsqd("--msg-timeout", "15m", "--mem-queue-size", str(messages))
+    try:
+        client = Client(address)
         client.admin("channel", "create", "bench", "spark")
         for start in range(0, messages, 5000):
             client.multi_publish("bench", [BODY] * min(5000, messages - start))
         pynsq_s, pynsq_rows = timed_available_now(
-            spark.readStream.format("pynsq").option("address", broker.address)
+            spark.readStream.format("pynsq").option("address", address)
             .option("topic", "bench").option("channel", "spark")
             .option("numPartitions", partitions).load())
         client.close()
+    finally:
+        stop(proc)
     memory_s, memory_rows = timed_available_now(
         spark.readStream.format("pynsq_bench_memory").option("rows", messages)
         .option("partitions", partitions).load())

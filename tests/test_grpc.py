@@ -6,6 +6,7 @@ import grpc
 import pytest
 
 from broker import Client, ClientError, EmbeddedBroker
+from broker import columns
 from broker.api import broker_pb2 as pb
 
 from .helpers import wait_for
@@ -235,7 +236,7 @@ def test_a_lease_session_ending_requeues_its_leases_at_once(client):
     assert reply.count == 2 and reply.depth == 1
     frames = list(client.stub.FetchLease(pb.FetchLeaseRequest(lease_id=reply.lease_id,
                                                               partition=0, num_partitions=1)))
-    assert [b for f in frames for b in f.bodies] == [b"a", b"b"]
+    assert [row.body for f in frames for row in columns.decode(f)] == [b"a", b"b"]
     stream.cancel()
     wait_for(lambda: channel(client, "t", "ch").depth == 3, 5, message="leases requeued")
     with pytest.raises(grpc.RpcError) as caught:

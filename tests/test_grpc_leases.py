@@ -8,6 +8,7 @@ import time
 import grpc
 import pytest
 
+from broker import columns
 from broker.api import broker_pb2 as pb
 
 from .helpers import wait_for
@@ -32,9 +33,7 @@ def reserve(client, session_id: str, max_messages: int = 6, msg_timeout_ms: int 
 def fetch(client, lease_id: str, partition: int = 0, num_partitions: int = 1) -> list:
     frames = client.stub.FetchLease(pb.FetchLeaseRequest(
         lease_id=lease_id, partition=partition, num_partitions=num_partitions), timeout=10)
-    # Lease frames are columnar: rebuild one Message per row.
-    return [pb.Message(id=i, body=b, timestamp=t, attempts=a) for frame in frames
-            for i, b, t, a in zip(frame.ids, frame.bodies, frame.timestamps, frame.attempts)]
+    return [row for frame in frames for row in columns.decode(frame)]
 
 
 def leases(lease_id: str) -> pb.LeaseRequest:

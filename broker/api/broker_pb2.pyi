@@ -59,16 +59,20 @@ class Messages(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
 
 class MessageColumns(_message.Message):
-    __slots__ = ("ids", "bodies", "timestamps", "attempts")
+    __slots__ = ("count", "ids", "bodies", "body_offsets", "timestamps", "attempts")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     BODIES_FIELD_NUMBER: _ClassVar[int]
+    BODY_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMPS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
-    ids: _containers.RepeatedScalarFieldContainer[str]
-    bodies: _containers.RepeatedScalarFieldContainer[bytes]
-    timestamps: _containers.RepeatedScalarFieldContainer[int]
-    attempts: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, ids: _Optional[_Iterable[str]] = ..., bodies: _Optional[_Iterable[bytes]] = ..., timestamps: _Optional[_Iterable[int]] = ..., attempts: _Optional[_Iterable[int]] = ...) -> None: ...
+    count: int
+    ids: bytes
+    bodies: bytes
+    body_offsets: bytes
+    timestamps: bytes
+    attempts: bytes
+    def __init__(self, count: _Optional[int] = ..., ids: _Optional[bytes] = ..., bodies: _Optional[bytes] = ..., body_offsets: _Optional[bytes] = ..., timestamps: _Optional[bytes] = ..., attempts: _Optional[bytes] = ...) -> None: ...
 
 class ClientFrame(_message.Message):
     __slots__ = ("sub", "rdy", "fin", "req", "touch", "cls", "nop")

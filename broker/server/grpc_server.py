@@ -14,7 +14,7 @@ from typing import AsyncIterator
 
 import grpc
 
-from .. import __version__
+from .. import __version__, columns
 from ..api import broker_pb2 as pb
 from ..api import broker_pb2_grpc as pb_grpc
 from ..consumer import Consumer
@@ -66,10 +66,7 @@ def frames_of(msgs: list[Message]) -> list[pb.Messages]:
 
 
 def columns_of(msgs: list[Message]) -> list[pb.MessageColumns]:
-    return [pb.MessageColumns(ids=[m.id for m in chunk], bodies=[m.body for m in chunk],
-                              timestamps=[m.timestamp for m in chunk],
-                              attempts=[m.attempts for m in chunk])
-            for chunk in chunks(msgs)]
+    return [columns.encode(chunk) for chunk in chunks(msgs)]
 
 
 class _Fatal(Exception):
