@@ -41,3 +41,25 @@ def start_pynsqd(*args: str, grpc_port: int | None = None) -> tuple[subprocess.P
 def stop(proc: subprocess.Popen) -> None:
     proc.terminate()
     proc.wait(60)
+
+
+def ratios(result: dict, baseline: dict) -> dict:
+    """publish_ratio and consume_ratio of two {publish,consume}_msgs_per_s results."""
+    return {f"{kind}_ratio": round(result[f"{kind}_msgs_per_s"] / baseline[f"{kind}_msgs_per_s"], 3)
+            for kind in ("publish", "consume")}
+
+
+def main_with_baseline(doc: str, default_messages: int, run, serve_baseline) -> None:
+    """The command line of a throughput benchmark whose baseline server is itself."""
+    import argparse
+    import asyncio
+    import json
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=default_messages)
+    parser.add_argument("--baseline-server", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.baseline_server:
+        asyncio.run(serve_baseline(args.baseline_server))
+        return
+    print(json.dumps(run(args.messages), indent=2))

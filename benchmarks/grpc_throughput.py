@@ -12,9 +12,7 @@ delivery at 1000 msgs/s, one message per PUB, measured on one clock.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import sys
 import time
 
@@ -24,9 +22,9 @@ from broker.api import broker_pb2 as pb
 from broker.api import broker_pb2_grpc as pb_grpc
 
 try:
-    from .common import free_port, start, start_pynsqd, stop
+    from .common import free_port, main_with_baseline, ratios, start, start_pynsqd, stop
 except ImportError:  # run as a script
-    from common import free_port, start, start_pynsqd, stop
+    from common import free_port, main_with_baseline, ratios, start, start_pynsqd, stop
 
 BATCH, SIZE, RDY = 100, 100, 1000
 BODY = b"x" * SIZE
@@ -153,21 +151,11 @@ def run(n: int, latency_messages: int = 3000) -> dict:
     finally:
         stop(raw)
     return {"messages": n, "pynsqd": result, "raw_grpc": baseline, "latency": lat,
-            "publish_ratio": round(result["publish_msgs_per_s"]
-                                   / baseline["publish_msgs_per_s"], 3),
-            "consume_ratio": round(result["consume_msgs_per_s"]
-                                   / baseline["consume_msgs_per_s"], 3)}
+            **ratios(result, baseline)}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=200_000)
-    parser.add_argument("--baseline-server", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.baseline_server:
-        asyncio.run(serve_baseline(args.baseline_server))
-        return
-    print(json.dumps(run(args.messages), indent=2))
+    main_with_baseline(__doc__, 200_000, run, serve_baseline)
 
 
 if __name__ == "__main__":

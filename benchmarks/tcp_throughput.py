@@ -12,17 +12,15 @@ message frames as fast as FINs make room. Both servers run as subprocesses.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import struct
 import sys
 import time
 
 try:
-    from .common import free_port, start, start_pynsqd, stop
+    from .common import free_port, main_with_baseline, ratios, start, start_pynsqd, stop
 except ImportError:  # run as a script
-    from common import free_port, start, start_pynsqd, stop
+    from common import free_port, main_with_baseline, ratios, start, start_pynsqd, stop
 
 BATCH, SIZE, RDY = 200, 100, 2500
 BODY = b"x" * SIZE
@@ -152,21 +150,11 @@ def run(n: int) -> dict:
     finally:
         stop(raw)
     return {"messages": n, "pynsqd": result, "raw_asyncio": baseline,
-            "publish_ratio": round(result["publish_msgs_per_s"]
-                                   / baseline["publish_msgs_per_s"], 3),
-            "consume_ratio": round(result["consume_msgs_per_s"]
-                                   / baseline["consume_msgs_per_s"], 3)}
+            **ratios(result, baseline)}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=400_000)
-    parser.add_argument("--baseline-server", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.baseline_server:
-        asyncio.run(baseline_server(args.baseline_server))
-        return
-    print(json.dumps(run(args.messages), indent=2))
+    main_with_baseline(__doc__, 400_000, run, baseline_server)
 
 
 if __name__ == "__main__":

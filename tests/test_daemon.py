@@ -9,7 +9,7 @@ import pytest
 
 from broker import Client
 
-from .helpers import Daemon, bin_path, free_port
+from .helpers import Daemon, bin_path
 
 
 @pytest.fixture
