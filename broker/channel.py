@@ -134,7 +134,8 @@ class Channel:
         taken = [ready.popleft() for _ in range(min(limit, len(ready)))]
         if any(type(m) is int for m in taken):
             load = self._broker.load_message
-            taken = [load(self.topic, m) if type(m) is int else m for m in taken]
+            taken = [m for m in (load(self.topic, m) if type(m) is int else m for m in taken)
+                     if m is not None]
         self._hold_all(holder, taken)
         return taken
 
@@ -320,6 +321,8 @@ class Channel:
             msg = ready.popleft()
             if type(msg) is int:
                 msg = self._broker.load_message(self.topic, msg)
+                if msg is None:
+                    continue
             self._start_in_flight(msg, consumer)
 
     def _start_in_flight(self, msg: Message, consumer: Consumer) -> None:

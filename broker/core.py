@@ -310,8 +310,9 @@ class Broker:
         """Ready messages a channel keeps in memory; None: all of them."""
         return self.options.mem_queue_size if self.storage is not None else None
 
-    def load_message(self, topic: Topic, loc: int) -> Message:
-        """A message that waited on disk only (as its location), read back."""
+    def load_message(self, topic: Topic, loc: int) -> Message | None:
+        """A message that waited on disk only (as its location), read back; None if
+        its record was damaged on disk since (it is logged and dropped)."""
         assert self.storage is not None
         return self.storage.load(topic, loc)
 

@@ -78,7 +78,8 @@ class Topic:
         ready, deferred = restored
         now = self.broker.clock.monotonic()
         load = self.broker.load_message
-        self._held.extend((m if type(m) is not int else load(self, m), 0.0) for m in ready)
+        msgs = (m if type(m) is not int else load(self, m) for m in ready)
+        self._held.extend((m, 0.0) for m in msgs if m is not None)
         self._held.extend((m, now + delay) for m, delay in deferred)
         self._flush_held()
 

@@ -50,19 +50,41 @@ def fins(channel: str, msg_ids: list[int]) -> bytes:
     return encode(FIN, bytes((len(name),)) + name + struct.pack(f">{len(msg_ids)}Q", *msg_ids))
 
 
+class DamagedRecord(Exception):
+    """A record that fails its check."""
+
+
+def pubs_in(block: bytes, first_loc: int) -> dict[int, tuple[int, int, bytes]]:
+    """loc -> (id, publish ns, body) for the valid PUB records at the start of ``block``
+    (read at location ``first_loc``), up to the first record it cuts or that is damaged."""
+    out: dict[int, tuple[int, int, bytes]] = {}
+    pos, size = 0, len(block)
+    unpack_head, unpack_pub, crc32 = HEADER.unpack_from, PUB_HEAD.unpack_from, zlib.crc32
+    pub_seed = crc32(bytes((PUB,)))
+    view = memoryview(block)
+    while pos + HEADER_SIZE <= size:
+        magic, kind, length, crc = unpack_head(block, pos)
+        start, stop = pos + HEADER_SIZE, pos + HEADER_SIZE + length
+        if magic != MAGIC or stop > size:
+            break
+        if kind == PUB:
+            if crc32(view[start:stop], pub_seed) != crc:
+                break
+            _, msg_id, ts, _ = unpack_pub(block, start)
+            out[first_loc + pos] = (msg_id, ts, block[start + PUB_HEAD.size:stop])
+        pos = stop
+    return out
+
+
 @dataclass(slots=True)
 class Record:
     kind: int
     offset: int                 # of the record's header in its file
     payload: memoryview
 
-    def pub(self) -> tuple[int, int, int, int, int]:
-        """(epoch, id, timestamp, deliver_at, body offset within the file)."""
-        epoch, msg_id, ts, deliver_at = PUB_HEAD.unpack_from(self.payload)
-        return epoch, msg_id, ts, deliver_at, self.offset + HEADER_SIZE + PUB_HEAD.size
-
-    def body(self) -> bytes:
-        return bytes(self.payload[PUB_HEAD.size:])
+    def pub(self) -> tuple[int, int, int, int]:
+        """(epoch, id, timestamp, deliver_at)."""
+        return PUB_HEAD.unpack_from(self.payload)
 
     def fins(self) -> tuple[str, tuple[int, ...]]:
         """(channel, ids finished)."""
@@ -79,38 +101,27 @@ class Record:
         return channel, msg_id, deliver_at, attempts
 
 
-def scan(data: bytes, where: str, quiet: bool = False) -> tuple[Iterator[Record], list[int]]:
-    """Iterate the valid records of ``data``; the list gets the end of the last valid one.
-
-    ``quiet``: ``data`` is a window that may end inside a record; stop there silently.
-    """
-    end = [0]
-
-    def records() -> Iterator[Record]:
-        view = memoryview(data)
-        pos, size, damaged_at = 0, len(data), None
-        while pos + HEADER_SIZE <= size:
-            magic, kind, length, crc = HEADER.unpack_from(data, pos)
-            start, stop = pos + HEADER_SIZE, pos + HEADER_SIZE + length
-            if (magic == MAGIC and length <= MAX_PAYLOAD and stop <= size
-                    and zlib.crc32(view[start:stop], zlib.crc32(bytes((kind,)))) == crc):
-                if damaged_at is not None:
-                    log.warning("%s: skipped %d damaged byte(s) at offset %d", where,
-                                pos - damaged_at, damaged_at)
-                    damaged_at = None
-                yield Record(kind, pos, view[start:stop])
-                pos = stop
-                end[0] = pos
-                continue
-            if quiet:
-                return
-            if damaged_at is None:
-                damaged_at = pos
-            nxt = data.find(MAGIC, pos + 1)
-            pos = nxt if nxt >= 0 else size
-        if damaged_at is not None or pos < size:
-            log.warning("%s: %d byte(s) at offset %d are a damaged or torn record; skipped",
-                        where, size - (damaged_at if damaged_at is not None else pos),
-                        damaged_at if damaged_at is not None else pos)
-
-    return records(), end
+def scan(data: bytes, where: str) -> Iterator[Record]:
+    """The valid records of ``data``, logging what is skipped and where."""
+    view = memoryview(data)
+    pos, size, damaged_at = 0, len(data), None
+    while pos + HEADER_SIZE <= size:
+        magic, kind, length, crc = HEADER.unpack_from(data, pos)
+        start, stop = pos + HEADER_SIZE, pos + HEADER_SIZE + length
+        if (magic == MAGIC and length <= MAX_PAYLOAD and stop <= size
+                and zlib.crc32(view[start:stop], zlib.crc32(bytes((kind,)))) == crc):
+            if damaged_at is not None:
+                log.warning("%s: skipped %d damaged byte(s) at offset %d", where,
+                            pos - damaged_at, damaged_at)
+                damaged_at = None
+            yield Record(kind, pos, view[start:stop])
+            pos = stop
+            continue
+        if damaged_at is None:
+            damaged_at = pos
+        nxt = data.find(MAGIC, pos + 1)
+        pos = nxt if nxt >= 0 else size
+    if damaged_at is not None or pos < size:
+        skipped_from = damaged_at if damaged_at is not None else pos
+        log.warning("%s: %d byte(s) at offset %d are a damaged or torn record; skipped",
+                    where, size - skipped_from, skipped_from)

@@ -40,7 +40,7 @@ class TopicLog:
         self.max_bytes = max(max_bytes, 1024)
         self.refs: dict[int, int] = {}
         self._readers: dict[int, int] = {}
-        self._read_ahead: dict[int, records.Record] = {}
+        self._read_ahead: dict[int, tuple[int, int, bytes]] = {}
         self.current = 0
         self._fd = -1
         self._size = 0
@@ -82,31 +82,26 @@ class TopicLog:
         if self._fd >= 0:
             os.fsync(self._fd)
 
-    def read_record(self, loc: int) -> records.Record:
-        """The record at ``loc``. Reads ahead: messages waiting on disk come up in log
-        order, so one read serves the records that follow it too."""
-        record = self._read_ahead.pop(loc, None)
-        if record is not None:
-            return record
+    def read_pub(self, loc: int) -> tuple[int, int, bytes]:
+        """(id, publish ns, body) of the PUB record at ``loc``. Reads ahead: messages
+        waiting on disk come up in log order, so one read serves those that follow."""
+        found = self._read_ahead.pop(loc, None)
+        if found is not None:
+            return found
         seg, offset = split(loc)
         fd = self._readers.get(seg)
         if fd is None:
             fd = self._readers[seg] = os.open(self.path(seg), os.O_RDONLY)
         block = os.pread(fd, READ_AHEAD, offset)
-        _, kind, length, _ = records.HEADER.unpack_from(block)
-        total = records.HEADER_SIZE + length
-        if len(block) < total:
-            block = os.pread(fd, total, offset)
-        self._read_ahead.clear()
-        found, _ = records.scan(block, str(self.path(seg)), quiet=True)
-        for r in found:
-            self._read_ahead[location(seg, offset + r.offset)] = records.Record(
-                r.kind, offset + r.offset, r.payload)
-        record = self._read_ahead.pop(loc, None)
-        if record is None:  # damaged since it was written: hand back what is there
-            log.warning("%s: record at offset %d fails its check", self.path(seg), offset)
-            record = records.Record(kind, offset, memoryview(block)[records.HEADER_SIZE:total])
-        return record
+        _, _, length, _ = records.HEADER.unpack_from(block)
+        if len(block) < records.HEADER_SIZE + length:
+            block = os.pread(fd, records.HEADER_SIZE + length, offset)
+        self._read_ahead = records.pubs_in(block, location(seg, offset))
+        found = self._read_ahead.pop(loc, None)
+        if found is None:
+            raise records.DamagedRecord(f"{self.path(seg)}: the record at offset {offset} "
+                                        f"fails its check")
+        return found
 
     def hold(self, seg: int, count: int = 1) -> None:
         self.refs[seg] = self.refs.get(seg, 0) + count

@@ -168,11 +168,16 @@ class Storage:
                                         for c in self._durable_channels(topic)]})
         metadata.write_atomically(self.path / "metadata.json", {"version": 1, "topics": topics})
 
-    def load(self, topic: "Topic", loc: int) -> Message:
-        """A message that waited on disk only, read back."""
-        record = self._log(topic).read_record(loc)
-        _, msg_id, ts, _, _ = record.pub()
-        msg = Message(f"{msg_id:016x}", record.body(), ts)
+    def load(self, topic: "Topic", loc: int) -> Message | None:
+        """A message that waited on disk only, read back (None: damaged on disk since)."""
+        topic_log = self._log(topic)
+        try:
+            msg_id, ts, body = topic_log.read_pub(loc)
+        except records.DamagedRecord as err:
+            log.error("%s: the message is lost", err)
+            topic_log.release(split(loc)[0])
+            return None
+        msg = Message(f"{msg_id:016x}", body, ts)
         msg.loc = loc
         return msg
 
@@ -255,10 +260,10 @@ class Storage:
         max_id = 0
         for seg in topic_log.segment_numbers():
             data = topic_log.path(seg).read_bytes()
-            found, _ = records.scan(data, str(topic_log.path(seg)))
+            found = records.scan(data, str(topic_log.path(seg)))
             for record in found:
                 if record.kind == records.PUB:
-                    epoch, msg_id, ts, deliver_at, _ = record.pub()
+                    epoch, msg_id, _, deliver_at = record.pub()
                     max_id = max(max_id, msg_id)
                     entry = [location(seg, record.offset), 0, deliver_at]
                     targets = [n for n, c in channels.items() if c.created_epoch <= epoch]
@@ -302,16 +307,17 @@ class Storage:
         deferred: list[tuple[Message, float]] = []
         in_memory = self.options.mem_queue_size
         for loc, attempts, deliver_at in entries.values():
-            if deliver_at > now_ns:
-                msg = self.load(topic, loc)
-                msg.attempts = attempts
-                deferred.append((msg, (deliver_at - now_ns) / 1e9))
-            elif attempts or len(ready) < in_memory:
-                msg = self.load(topic, loc)
-                msg.attempts = attempts
-                ready.append(msg)
-            else:
+            if deliver_at <= now_ns and not attempts and len(ready) >= in_memory:
                 ready.append(loc)
+                continue
+            msg = self.load(topic, loc)
+            if msg is None:
+                continue
+            msg.attempts = attempts
+            if deliver_at > now_ns:
+                deferred.append((msg, (deliver_at - now_ns) / 1e9))
+            else:
+                ready.append(msg)
         return ready, deferred
 
     def close(self) -> None:
