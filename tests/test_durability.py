@@ -213,3 +213,17 @@ def test_the_metadata_file_is_replaced_atomically(daemons, tmp_path):
     assert [t["name"] for t in meta["topics"]] == ["events"]
     assert not any(p.name.endswith(".tmp") for p in (tmp_path / "data").iterdir())
     assert os.path.exists(tmp_path / "data" / "LOCK")
+
+
+def test_a_message_waiting_on_disk_that_is_damaged_meanwhile_is_dropped_not_fatal(tmp_path):
+    with EmbeddedBroker(data_path=str(tmp_path / "data"), mem_queue_size=5) as broker:
+        with Client(broker.address) as client:
+            client.admin("channel", "create", "events", "work")
+            ids = client.multi_publish("events", [f"m-{i:02d}".encode() for i in range(20)])
+        [segment] = (tmp_path / "data" / "topics" / "t-events").glob("*.log")
+        data = bytearray(segment.read_bytes())
+        where = data.find(b"m-12")
+        data[where:where + 4] = b"XXXX"  # past mem-queue-size: only on disk
+        segment.write_bytes(bytes(data))
+        back = consume_all(broker.address, "events", "work")
+    assert set(back) == set(ids) - {ids[12]}
