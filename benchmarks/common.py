@@ -18,15 +18,23 @@ def free_port() -> int:
 def start(cmd: list[str], port: int, timeout: float = 30.0) -> subprocess.Popen:
     """Run ``cmd`` and wait until something listens on ``port``."""
     proc = subprocess.Popen(cmd)
+    try:
+        wait_listening(port, timeout)
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc
+
+
+def wait_listening(port: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc
+            return
         except OSError:
             time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"{cmd[0]} did not listen on port {port}")
+    raise RuntimeError(f"nothing listens on port {port}")
 
 
 def start_pynsqd(*args: str, grpc_port: int | None = None) -> tuple[subprocess.Popen, str]:

@@ -18,9 +18,11 @@ import sys
 import time
 
 try:
-    from .common import free_port, main_with_baseline, ratios, start, start_pynsqd, stop
+    from .common import (free_port, main_with_baseline, ratios, start, start_pynsqd, stop,
+                         wait_listening)
 except ImportError:  # run as a script
-    from common import free_port, main_with_baseline, ratios, start, start_pynsqd, stop
+    from common import (free_port, main_with_baseline, ratios, start, start_pynsqd, stop,
+                        wait_listening)
 
 BATCH, SIZE, RDY = 200, 100, 2500
 BODY = b"x" * SIZE
@@ -140,6 +142,7 @@ def run(n: int) -> dict:
     broker, _ = start_pynsqd("--tcp-address", f"127.0.0.1:{port}", "--http-address", "",
                              "--mem-queue-size", str(n))
     try:
+        wait_listening(port)
         result = measure(port, n)
     finally:
         stop(broker)
