@@ -256,7 +256,13 @@ class V2Connection(asyncio.Protocol):
             raise ProtocolError("E_BAD_BODY", f"IDENTIFY failed to decode JSON body: {err}")
         opts = self.broker.options
         self.client_id = str(data.get("client_id") or self.client_id)
-        heartbeat = int(data.get("heartbeat_interval", 0) or 0)
+        try:
+            heartbeat = int(data.get("heartbeat_interval", 0) or 0)
+            msg_timeout = int(data.get("msg_timeout", 0) or 0)
+            buffer_size = int(data.get("output_buffer_size", 16384) or 16384)
+            buffer_timeout = int(data.get("output_buffer_timeout", 250) or 250)
+        except (TypeError, ValueError) as err:
+            raise ProtocolError("E_BAD_BODY", f"IDENTIFY has a field that is not a number: {err}")
         if heartbeat == -1:
             self.heartbeat_ms = 0
         elif heartbeat:
@@ -264,7 +270,6 @@ class V2Connection(asyncio.Protocol):
                 raise ProtocolError("E_BAD_BODY", f"IDENTIFY heartbeat interval ({heartbeat}) "
                                     f"is invalid")
             self.heartbeat_ms = heartbeat
-        msg_timeout = int(data.get("msg_timeout", 0) or 0)
         if msg_timeout and not 1000 <= msg_timeout <= opts.max_msg_timeout:
             raise ProtocolError("E_BAD_BODY", f"IDENTIFY msg timeout ({msg_timeout}) is invalid")
         self.msg_timeout_ms = msg_timeout
@@ -278,8 +283,7 @@ class V2Connection(asyncio.Protocol):
             "msg_timeout": msg_timeout or opts.msg_timeout,
             "tls_v1": False, "deflate": False, "deflate_level": 0, "max_deflate_level": 0,
             "snappy": False, "sample_rate": 0, "auth_required": False,
-            "output_buffer_size": int(data.get("output_buffer_size", 16384) or 16384),
-            "output_buffer_timeout": int(data.get("output_buffer_timeout", 250) or 250),
+            "output_buffer_size": buffer_size, "output_buffer_timeout": buffer_timeout,
         }).encode()))
 
     def _sub(self, args: list[str]) -> None:
