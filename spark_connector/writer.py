@@ -189,8 +189,10 @@ def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SI
 
     def publish_batch(df, batch_id: int) -> None:
         check_columns(df.schema, body_column, defer_column, topic_column)
+        # Outside a streaming query there is no replay to recognise: a fresh id per call
+        # (task retries within the call are still de-duplicated).
         query_id = (df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
-                    or f"foreachBatch-{topic}")
+                    or f"call-{uuid.uuid4().hex}")
         columns = [df[body_column].alias(BODY)]
         if topic_column:
             columns.append(df[topic_column].alias(TOPIC))

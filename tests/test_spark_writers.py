@@ -205,3 +205,12 @@ def test_the_spark_submit_relay_job_runs_for_real(broker, client, tmp_path):
     assert sorted(int(o["n"]) for o in out if "n" in o) == list(range(100))
     assert [o["raw"] for o in out if "raw" in o] == ["not json"]
     assert all(o["attempts"] == "1" and len(o["source_id"]) == 16 for o in out)
+
+
+def test_calling_pub_to_topic_twice_outside_a_stream_publishes_twice(spark, broker, client):
+    client.admin("channel", "create", "b", "check")
+    df = spark.createDataFrame([("x",)], "body STRING")
+    publish_b = pub_to_topic(broker.address, "b")
+    publish_b(df, 0)
+    publish_b(df, 0)
+    assert drain(client, "b") == Counter({b"x": 2})
