@@ -17,12 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-from . import durability, grpc_throughput, tcp_throughput
+from . import durability, grpc_throughput, nsq_bench, scaling, tcp_throughput
 
 FULL = {"grpc": 200_000, "tcp": 400_000, "spark": 1_000_000, "durable": 200_000,
-        "queued": 1_000_000, "latency": 3000}
+        "queued": 1_000_000, "latency": 3000, "nsq_runfor": "10s", "scaling": 50_000}
 QUICK = {"grpc": 20_000, "tcp": 40_000, "spark": 50_000, "durable": 20_000,
-         "queued": 50_000, "latency": 500}
+         "queued": 50_000, "latency": 500, "nsq_runfor": "2s", "scaling": 5_000}
 
 
 def row(name: str, value: float, unit: str, baseline: float | None, goal: str) -> dict:
@@ -54,6 +54,32 @@ def spark_rows(sizes: dict) -> list[dict]:
     ]
 
 
+def nsq_rows(sizes: dict) -> list[dict]:
+    """NSQ's own bench_writer/bench_reader, pynsqd ÷ nsqd in the same run."""
+    r = nsq_bench.run(sizes["nsq_runfor"])
+    if "skipped" in r:
+        print(f"NSQ's bench tools: skipped ({r['skipped']})")
+        return []
+    return [
+        row("nsq bench_writer MPUB 200x100B (÷ nsqd)", r["pynsqd"]["write_msgs_per_s"], "msgs/s",
+            r["nsqd"]["write_msgs_per_s"], "ratio >= 1.0 (÷ nsqd 1.3.0)"),
+        row("nsq bench_reader RDY 2500 (÷ nsqd)", r["pynsqd"]["read_msgs_per_s"], "msgs/s",
+            r["nsqd"]["read_msgs_per_s"], "ratio >= 0.8 (÷ nsqd 1.3.0)"),
+    ]
+
+
+def scaling_rows(sizes: dict) -> list[dict]:
+    """Deliveries/s per shape, each ÷ the first shape of its family; CPU per delivery."""
+    r = scaling.run(sizes["scaling"])
+    rows = []
+    for s in r["shapes"]:
+        base = next(b for b in r["shapes"] if b["family"] == s["family"])
+        rows.append(row(f"scaling: {s['shape']}", s["deliveries_per_s"], "dlv/s",
+                        base["deliveries_per_s"],
+                        f"broker CPU {s['broker_cpu_us_per_delivery']:.1f} us/delivery"))
+    return rows
+
+
 def collect(quick: bool) -> list[dict]:
     sizes = QUICK if quick else FULL
     g = grpc_throughput.run(sizes["grpc"], sizes["latency"])
@@ -78,6 +104,8 @@ def collect(quick: bool) -> list[dict]:
             d["memory"]["publish_msgs_per_s"], "ratio >= 0.8"),
         row("durable consume (÷ memory-only)", d["durable"]["consume_msgs_per_s"], "msgs/s",
             d["memory"]["consume_msgs_per_s"], "ratio >= 0.8"),
+        *nsq_rows(sizes),
+        *scaling_rows(sizes),
     ]
     return rows
 

@@ -1,0 +1,156 @@
+"""How cost grows: channels per topic, topics, and consumers per channel.
+
+    python benchmarks/scaling.py [--messages 20000]
+
+Each shape runs against a fresh ``pynsqd`` subprocess (memory only) over NSQ's
+TCP protocol: messages are published with MPUB (200 × 100 B), then every
+consumer drains its share with RDY and a FIN per message. Reported per shape:
+deliveries per second (a message copied to 10 channels is 10 deliveries) and
+the broker's CPU time per delivery, read from ``/proc``. The first row of each
+family is its baseline, so each ratio says what scaling that axis costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import struct
+import time
+
+try:
+    from .common import free_port, start_pynsqd, stop, wait_listening
+except ImportError:  # run as a script
+    from common import free_port, start_pynsqd, stop, wait_listening
+
+BATCH, SIZE = 200, 100
+BODY = b"x" * SIZE
+FRAME_HEAD = struct.Struct(">ii")
+
+# (family, label, topics, channels per topic, consumers per channel)
+SHAPES = [
+    ("channels", "1 channel", 1, 1, 1),
+    ("channels", "10 channels", 1, 10, 1),
+    ("channels", "100 channels", 1, 100, 1),
+    ("topics", "1 topic", 1, 1, 1),
+    ("topics", "100 topics", 100, 1, 1),
+    ("consumers", "10 consumers", 1, 1, 10),
+    ("consumers", "1000 consumers", 1, 1, 1000),
+]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, from /proc."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def mpub(topic: str, bodies: int) -> bytes:
+    body = struct.pack(">i", bodies) + (struct.pack(">i", SIZE) + BODY) * bodies
+    return b"MPUB %s\n" % topic.encode() + struct.pack(">i", len(body)) + body
+
+
+async def read_frames(reader: asyncio.StreamReader, buf: bytearray) -> list[tuple[int, bytes]]:
+    frames: list[tuple[int, bytes]] = []
+    while not frames:
+        chunk = await reader.read(1 << 20)
+        if not chunk:
+            raise ConnectionError("the broker closed the connection")
+        buf += chunk
+        pos = 0
+        while len(buf) - pos >= 8:
+            size, kind = FRAME_HEAD.unpack_from(buf, pos)
+            if len(buf) - pos < 4 + size:
+                break
+            frames.append((kind, bytes(buf[pos + 8:pos + 4 + size])))
+            pos += 4 + size
+        del buf[:pos]
+    return frames
+
+
+async def subscribe(port: int, topic: str, channel: str) -> tuple:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"  V2SUB %s %s\n" % (topic.encode(), channel.encode()))
+    await read_frames(reader, bytearray())  # OK
+    return reader, writer
+
+
+async def drain(reader, writer, rdy: int, counter: dict, target: int,
+                done: asyncio.Event) -> None:
+    """Consume with RDY ``rdy`` and FIN everything; set ``done`` at ``target`` deliveries."""
+    writer.write(b"RDY %d\n" % rdy)
+    buf = bytearray()
+    while True:
+        frames = await read_frames(reader, buf)
+        fins = [b"FIN " + data[10:26] + b"\n" for kind, data in frames if kind == 2]
+        counter["got"] += len(fins)
+        writer.write(b"".join(fins))
+        if counter["got"] >= target:
+            done.set()
+
+
+async def shape(port: int, pid: int, topics: int, channels: int, consumers: int,
+                messages: int) -> dict:
+    names = [f"scale{i}" for i in range(topics)]
+    subs = [await subscribe(port, t, f"c{c}") for t in names for c in range(channels)
+            for _ in range(consumers)]
+    pub_reader, pub = await asyncio.open_connection("127.0.0.1", port)
+    pub.write(b"  V2")
+    per_topic = max(BATCH, messages // topics)
+    target = per_topic * topics * channels
+    rdy = max(1, min(2500, 2500 // consumers))
+    counter, done = {"got": 0}, asyncio.Event()
+    cpu0, started = cpu_seconds(pid), time.perf_counter()
+    drains = [asyncio.create_task(drain(r, w, rdy, counter, target, done)) for r, w in subs]
+    buf = bytearray()
+    for t in names:
+        for _ in range(per_topic // BATCH):
+            pub.write(mpub(t, BATCH))
+            await read_frames(pub_reader, buf)
+    await asyncio.wait_for(done.wait(), 600)
+    elapsed, cpu = time.perf_counter() - started, cpu_seconds(pid) - cpu0
+    for task in drains:
+        task.cancel()
+    await asyncio.gather(*drains, return_exceptions=True)
+    for _, writer in subs:
+        writer.close()
+    pub.close()
+    return {"deliveries": target, "deliveries_per_s": round(target / elapsed),
+            "broker_cpu_us_per_delivery": round(cpu / target * 1e6, 2)}
+
+
+def run(messages: int = 20_000) -> dict:
+    # A thousand consumers need a thousand sockets on this side too.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+    results = []
+    for family, label, topics, channels, consumers in SHAPES:
+        port = free_port()
+        proc, _ = start_pynsqd("--tcp-address", f"127.0.0.1:{port}", "--http-address", "",
+                               "--mem-queue-size", str(messages * 2))
+        try:
+            wait_listening(port)
+            r = asyncio.run(shape(port, proc.pid, topics, channels, consumers, messages))
+        finally:
+            stop(proc)
+        results.append({"family": family, "shape": label, **r})
+    for r in results:
+        base = next(b for b in results if b["family"] == r["family"])
+        r["rate_ratio"] = round(r["deliveries_per_s"] / base["deliveries_per_s"], 3)
+        r["cpu_ratio"] = round(r["broker_cpu_us_per_delivery"]
+                               / base["broker_cpu_us_per_delivery"], 3)
+    return {"messages": messages, "shapes": results}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=20_000,
+                        help="messages published per shape (split across topics)")
+    args = parser.parse_args()
+    print(json.dumps(run(args.messages), indent=2))
+
+
+if __name__ == "__main__":
+    main()
