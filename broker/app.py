@@ -10,6 +10,7 @@ import asyncio
 import logging
 
 from .core import TICK_INTERVAL, Broker
+from .lookupd import LookupdRegistration
 from .options import Options
 from .server.grpc_server import start_grpc_server
 from .server.http import HttpApi
@@ -29,6 +30,7 @@ class BrokerApp:
         self._tcp: TcpServer | None = None
         self._http: HttpApi | None = None
         self._ticker: asyncio.Task | None = None
+        self._lookupd: LookupdRegistration | None = None
 
     async def start(self) -> None:
         if self.options.data_path:
@@ -59,8 +61,14 @@ class BrokerApp:
             raise
         self._ticker = asyncio.create_task(self._tick_forever())
         log.info("gRPC: listening on %s", self.grpc_address)
+        if self.options.lookupd_tcp_address:
+            self._lookupd = LookupdRegistration(self.broker, self.addresses)
+            self._lookupd.start()
 
     async def stop(self, grace: float = 1.0) -> None:
+        if self._lookupd is not None:
+            await self._lookupd.close()
+            self._lookupd = None
         await self._stop_servers(grace)
         if self._ticker is not None:
             self._ticker.cancel()

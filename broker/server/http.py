@@ -68,7 +68,8 @@ class HttpApi:
     async def info(self, request: web.Request) -> web.Response:
         tcp, http = self.addresses.get("tcp", ""), self.addresses.get("http", "")
         return web.json_response({
-            "version": __version__, "broadcast_address": socket.gethostname(),
+            "version": __version__,
+            "broadcast_address": self.broker.options.broadcast_address or socket.gethostname(),
             "hostname": socket.gethostname(),
             "tcp_port": int(tcp.rpartition(":")[2] or 0),
             "http_port": int(http.rpartition(":")[2] or 0),
