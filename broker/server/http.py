@@ -38,10 +38,12 @@ class HttpApi:
         r.add_post("/mpub", self.mpub)
         r.add_put("/mpub", self.mpub)
         r.add_get("/stats", self.stats)
+        r.add_get("/metrics", self.metrics)
         for action in ("create", "delete", "empty", "pause", "unpause"):
             r.add_post(f"/topic/{action}", self._topic_action(action))
             r.add_post(f"/channel/{action}", self._channel_action(action))
         self.runner: web.AppRunner | None = None
+        self._metrics = None  # built on the first scrape
 
     # -- arguments --------------------------------------------------------
     @staticmethod
@@ -127,6 +129,15 @@ class HttpApi:
         if request.query.get("format") == "text":
             return web.Response(text=_stats_text(data))
         return web.json_response(data)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """Prometheus' text format (see ``broker.metrics``)."""
+        from .. import metrics
+
+        if self._metrics is None:
+            self._metrics = metrics.registry_for(self.broker)
+        return web.Response(body=metrics.exposition(self._metrics),
+                            headers={"Content-Type": metrics.CONTENT_TYPE})
 
     def _topic_action(self, action: str):
         async def handle(request: web.Request) -> web.Response:
