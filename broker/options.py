@@ -66,6 +66,11 @@ class Options:
     lookupd_tcp_address: tuple[str, ...] = _opt(
         (), "host:port of an nsqlookupd's TCP port to register with (repeatable)")
     broadcast_address: str = _opt("", "address registered with nsqlookupd (default: hostname)")
+    statsd_address: str = _opt("", "UDP host:port of statsd to push stats to (empty: off)")
+    statsd_prefix: str = _opt("nsq.%s", "prefix of statsd keys (%s: broadcast address and "
+                              "HTTP port)")
+    statsd_interval: int = _duration(60_000, "time between pushes to statsd")
+    statsd_udp_packet_size: int = _opt(508, "largest statsd UDP datagram, in bytes")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -80,6 +85,10 @@ class Options:
         if self.lookupd_tcp_address and not (self.tcp_address and self.http_address):
             raise ValueError("lookupd-tcp-address needs tcp-address and http-address: "
                              "nsqlookupd registers a broker by its TCP and HTTP ports")
+        if self.statsd_address:
+            split_host_port(self.statsd_address, "statsd-address")
+        if self.statsd_interval <= 0 or self.statsd_udp_packet_size <= 0:
+            raise ValueError("statsd-interval and statsd-udp-packet-size must be positive")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ValueError(f"log-level: expected debug, info, warning or error, "
                              f"got {self.log_level!r}")

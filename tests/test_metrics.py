@@ -90,3 +90,61 @@ def test_latency_buckets_are_cumulative_in_seconds():
     assert buckets[2] == ("0.01", 3)
     assert buckets[-1] == ("+Inf", 3)
     assert total_s == 0.025
+
+
+# -- statsd push (nsqd's --statsd-address) ------------------------------------------
+def test_statsd_counters_are_the_change_since_the_last_push():
+    from broker.stats import ChannelStats, TopicStats
+    from broker.statsd import statsd_lines
+
+    def stats(n: int) -> list[TopicStats]:
+        channel = ChannelStats("c", depth=n, in_flight_count=0, deferred_count=0,
+                               message_count=n, requeue_count=0, timeout_count=0,
+                               finish_count=0, paused=False)
+        return [TopicStats("t", depth=0, message_count=n, message_bytes=2 * n, paused=False,
+                           channels=[channel])]
+
+    first, last = statsd_lines("nsq.h_4151.", stats(3), {})
+    assert "nsq.h_4151.topic.t.message_count:3|c" in first
+    assert "nsq.h_4151.topic.t.channel.c.depth:3|g" in first
+    second, _ = statsd_lines("nsq.h_4151.", stats(5), last)
+    assert "nsq.h_4151.topic.t.message_count:2|c" in second
+    assert "nsq.h_4151.topic.t.channel.c.depth:5|g" in second
+
+
+def test_statsd_lines_are_packed_into_bounded_datagrams():
+    from broker.statsd import packets
+
+    lines = [f"nsq.x.topic.t{i}.depth:{i}|g" for i in range(100)]
+    out = packets(lines, 508)
+    assert all(len(p) <= 508 for p in out)
+    assert b"".join(out).decode().splitlines() == lines
+
+
+def test_pynsqd_pushes_nsqd_statsd_names_over_udp():
+    import socket
+
+    from broker import EmbeddedBroker
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.bind(("127.0.0.1", 0))
+        udp.settimeout(0.5)
+        address = f"127.0.0.1:{udp.getsockname()[1]}"
+        with EmbeddedBroker(statsd_address=address, statsd_interval="100ms",
+                            broadcast_address="127.0.0.1") as broker:
+            broker.call(broker.broker.create_channel, "events", "spark")
+            broker.call(broker.broker.multi_publish, "events", [b"a", b"b", b"c"])
+            prefix = f"nsq.127_0_0_1_{broker.http_address.rpartition(':')[2]}."
+            seen: list[str] = []
+
+            def pushed() -> bool:
+                try:
+                    seen.extend(udp.recv(65536).decode().splitlines())
+                except TimeoutError:
+                    pass
+                return f"{prefix}topic.events.channel.spark.depth:3|g" in seen
+
+            wait_for(pushed, 30, interval=0, message="a push showing depth 3")
+            counted = sum(int(line.split(":")[1].split("|")[0]) for line in seen
+                          if line.startswith(f"{prefix}topic.events.message_count:"))
+            assert counted == 3  # counters add up to what was published
