@@ -45,6 +45,7 @@ class ClientStats:
     message_count: int
     finish_count: int
     requeue_count: int
+    connect_ts: int = 0  # Unix seconds
 
 
 @dataclass

@@ -77,6 +77,8 @@ def test_nsqadmin_lists_topics_channels_depths_and_clients(pynsqd, admin):
         spark = admin.get("topics/events/spark")
         assert len(spark["clients"]) == 1
         assert spark["clients"][0]["in_flight_count"] == 1
+        # nsqadmin shows how long a client has been connected: from its connect_ts
+        assert spark["clients"][0]["connected"] < 3600 * 10**9
         nodes = admin.get("nodes")["nodes"]
         assert [(n["broadcast_address"], n["http_port"]) for n in nodes] == \
             [("127.0.0.1", int(pynsqd.http_address.rpartition(":")[2]))]

@@ -228,7 +228,10 @@ def _topic_json(t) -> dict:
             "clients": [{"client_id": k.client_id, "hostname": k.client_id,
                          "ready_count": k.ready_count, "in_flight_count": k.in_flight_count,
                          "message_count": k.message_count, "finish_count": k.finish_count,
-                         "requeue_count": k.requeue_count} for k in c.clients],
+                         "requeue_count": k.requeue_count, "connect_ts": k.connect_ts,
+                         # declined by pynsqd (see the IDENTIFY negotiation)
+                         "sample_rate": 0, "tls": False, "deflate": False, "snappy": False,
+                         "authed": False} for k in c.clients],
         } for c in t.channels]}
 
 
