@@ -47,6 +47,18 @@ def test_lookupd_address_must_be_host_and_port():
         Options(lookupd_tcp_address=("127.0.0.1:4160",), tcp_address="")
 
 
+def test_lookupd_addresses_come_from_toml_as_a_list(tmp_path):
+    conf = tmp_path / "pynsqd.toml"
+    conf.write_text('lookupd_tcp_address = ["127.0.0.1:4160", "127.0.0.1:4162"]\n'
+                    'broadcast_address = "10.0.0.5"\n')
+    options = Options.from_toml(conf)
+    assert options.lookupd_tcp_address == ("127.0.0.1:4160", "127.0.0.1:4162")
+    assert options.broadcast_address == "10.0.0.5"
+    conf.write_text("lookupd_tcp_address = [4160]\n")
+    with pytest.raises(ValueError, match="lookupd_tcp_address: expected a list of strings"):
+        Options.from_toml(conf)
+
+
 # -- against the real nsqlookupd -------------------------------------------------
 @pytest.fixture
 def lookupd():
@@ -102,6 +114,18 @@ def test_a_deleted_topic_disappears_from_lookup(lookupd, registered):
     wait_for(lambda: not _listed(lookupd, "gone", registered), 30,
              message="gone to leave nsqlookupd")
     assert _listed(lookupd, "kept", registered)
+
+
+def test_an_ephemeral_channel_leaves_lookupd_with_its_last_consumer(lookupd, registered):
+    from broker import Client
+
+    with Client(registered.address, timeout=10) as client:
+        with client.subscribe("events", "tail#ephemeral", rdy=1):
+            wait_for(lambda: "tail#ephemeral" in lookupd.channels("events"), 30,
+                     message="the ephemeral channel registered")
+        wait_for(lambda: "tail#ephemeral" not in lookupd.channels("events"), 30,
+                 message="the ephemeral channel unregistered")
+    assert _listed(lookupd, "events", registered)
 
 
 def test_registration_survives_a_lookupd_restart(lookupd, registered):
