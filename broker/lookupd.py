@@ -29,6 +29,7 @@ from typing import Awaitable, Callable
 
 from .core import Broker
 from .options import split_host_port
+from .tasks import cancel_and_wait
 
 log = logging.getLogger("pynsqd")
 
@@ -108,13 +109,8 @@ class LookupdPeer:
         self._task = asyncio.create_task(self._run(), name=f"lookupd {self.address}")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
 
     def send(self, command: bytes) -> None:
         """Queue a command; dropped while disconnected (reconnecting registers all)."""

@@ -26,6 +26,7 @@ import socket
 
 from .core import Broker
 from .options import split_host_port
+from .tasks import cancel_and_wait
 from .stats import TopicStats
 
 log = logging.getLogger("pynsqd")
@@ -118,13 +119,8 @@ class StatsdPusher:
         self._task = asyncio.create_task(self._run(), name="statsd")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
