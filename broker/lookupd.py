@@ -27,6 +27,7 @@ import socket
 import struct
 from typing import Awaitable, Callable
 
+from . import __version__
 from .core import Broker
 from .options import split_host_port
 from .tasks import cancel_and_wait
@@ -227,8 +228,6 @@ class LookupdRegistration:
                       for a in options.lookupd_tcp_address]
 
     def peer_info(self) -> dict:
-        from . import __version__
-
         return {"broadcast_address": self.broadcast_address, "hostname": socket.gethostname(),
                 "tcp_port": _port(self.addresses.get("tcp", "")),
                 "http_port": _port(self.addresses.get("http", "")),
