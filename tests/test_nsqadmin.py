@@ -126,6 +126,12 @@ def test_nsqadmin_through_lookupd_sees_and_deletes_pynsqd_topics():
                 {"spark": 3, "audit": 3}
             assert [p["tcp_port"] for p in admin.get("nodes")["nodes"]] == \
                 [int(pynsqd.tcp_address.rpartition(":")[2])]
+            # the node page's "tombstone": the topic goes from that node
+            pynsqd.call(pynsqd.broker.create_channel, "other", "c")
+            wait_for(lambda: "other" in admin.get("topics")["topics"], 30, message="other")
+            http_json(f"http://{admin.http_address}/api/nodes/{pynsqd.http_address}", "DELETE",
+                      json.dumps({"topic": "other"}).encode())
+            assert pynsqd.call(lambda: sorted(pynsqd.broker.topics)) == ["events"]
             admin.delete("topics/events")
             assert pynsqd.call(lambda: list(pynsqd.broker.topics)) == []
             wait_for(lambda: lookupd.lookup("events") == [], 30,
