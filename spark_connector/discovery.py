@@ -2,6 +2,9 @@
 
     discover(["127.0.0.1:4161"], "events")   # -> ["10.0.0.5:4170", "10.0.0.6:4170"]
 
+    fleet = Fleet(["127.0.0.1:4161"], "events", poll_interval=5.0)
+    fleet.brokers()                            # between batches: re-asked at most every 5 s
+
 Each pynsqd started with ``--lookupd-tcp-address`` registers its topics with
 nsqlookupd under its broadcast address and its TCP and HTTP ports, as nsqd
 does. nsqlookupd's ``/lookup?topic=NAME`` lists those producers; each one's
@@ -11,17 +14,20 @@ address.
 
 A broker that does not answer ``/info`` is left out (it may be restarting; the
 next poll finds it again); lookupd addresses that all fail raise
-``DiscoveryError`` naming them. Standard library only.
+``DiscoveryError`` naming them, except in ``Fleet`` once it has found brokers:
+then it keeps the last list it had, so that an nsqlookupd restart does not
+stop a streaming query. Standard library only.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Iterable
+from typing import Callable, Iterable
 
 log = logging.getLogger("pynsq.discovery")
 
@@ -72,6 +78,36 @@ def discover(lookupd_http_addresses: Iterable[str], topic: str,
         if grpc:
             found.add(grpc)
     return sorted(found)
+
+
+class Fleet:
+    """The brokers that have ``topic``, asked of nsqlookupd at most every
+    ``poll_interval`` seconds (the driver calls ``brokers`` before each batch)."""
+
+    def __init__(self, lookupd_http_addresses: Iterable[str], topic: str, *,
+                 poll_interval: float = 5.0, timeout: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.lookupd_http_addresses = list(lookupd_http_addresses)
+        self.topic = topic
+        self.poll_interval = poll_interval
+        self.timeout = timeout
+        self._clock = clock
+        self._brokers: list[str] | None = None
+        self._asked_at = 0.0
+
+    def brokers(self) -> list[str]:
+        now = self._clock()
+        if self._brokers is not None and now - self._asked_at < self.poll_interval:
+            return self._brokers
+        try:
+            found = discover(self.lookupd_http_addresses, self.topic, self.timeout)
+        except DiscoveryError as err:
+            if self._brokers is None:
+                raise
+            log.warning("%s; keeping the %d broker(s) found before", err, len(self._brokers))
+            found = self._brokers
+        self._brokers, self._asked_at = found, now
+        return found
 
 
 def producer_http_addresses(lookup: dict) -> list[tuple[str, int]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from broker import Client
-from spark_connector.discovery import (DiscoveryError, discover, grpc_address,
+from spark_connector.discovery import (DiscoveryError, Fleet, discover, grpc_address,
                                        producer_http_addresses)
 
 from .helpers import Daemon, free_port, wait_for
@@ -57,3 +57,38 @@ def test_discover_finds_every_broker_that_has_the_topic(lookupd):
     finally:
         for daemon in fleet:
             daemon.kill()
+
+
+def test_a_fleet_picks_up_a_new_broker_and_outlives_a_lookupd_restart(lookupd):
+    now = [0.0]
+    fleet = Fleet([lookupd.http_address], "events", poll_interval=10, clock=lambda: now[0])
+    brokers = [Daemon("--lookupd-tcp-address", lookupd.tcp_address,
+                      "--broadcast-address", "127.0.0.1") for _ in range(2)]
+    try:
+        first = brokers[0].wait_ready()
+        with Client(first.address, timeout=10) as client:
+            client.publish("events", b"x")
+
+        def found(expected: list[str]) -> bool:
+            now[0] += 10  # the poll interval has passed
+            return fleet.brokers() == expected
+
+        wait_for(lambda: found([first.address]), 60, message="the first broker")
+        second = brokers[1].wait_ready()
+        with Client(second.address, timeout=10) as client:
+            client.publish("events", b"y")
+        assert fleet.brokers() == [first.address]  # not asked again within the interval
+        both = sorted([first.address, second.address])
+        wait_for(lambda: found(both), 60, message="the broker added to the fleet")
+        lookupd.stop()
+        now[0] += 10
+        assert fleet.brokers() == both  # kept while no nsqlookupd answers
+    finally:
+        for daemon in brokers:
+            daemon.kill()
+
+
+def test_a_fleet_that_never_found_a_lookupd_says_so():
+    dead = f"127.0.0.1:{free_port()}"
+    with pytest.raises(DiscoveryError, match=dead):
+        Fleet([dead], "events", timeout=2).brokers()
