@@ -10,7 +10,9 @@ import asyncio
 import logging
 
 from .core import TICK_INTERVAL, Broker
+from .lookupd import LookupdRegistration
 from .options import Options
+from .statsd import StatsdPusher
 from .server.grpc_server import start_grpc_server
 from .server.http import HttpApi
 from .server.tcp import TcpServer
@@ -29,6 +31,8 @@ class BrokerApp:
         self._tcp: TcpServer | None = None
         self._http: HttpApi | None = None
         self._ticker: asyncio.Task | None = None
+        self._lookupd: LookupdRegistration | None = None
+        self._statsd: StatsdPusher | None = None
 
     async def start(self) -> None:
         if self.options.data_path:
@@ -59,8 +63,20 @@ class BrokerApp:
             raise
         self._ticker = asyncio.create_task(self._tick_forever())
         log.info("gRPC: listening on %s", self.grpc_address)
+        if self.options.lookupd_tcp_address:
+            self._lookupd = LookupdRegistration(self.broker, self.addresses)
+            self._lookupd.start()
+        if self.options.statsd_address:
+            self._statsd = StatsdPusher(self.broker, self.addresses)
+            self._statsd.start()
 
     async def stop(self, grace: float = 1.0) -> None:
+        if self._lookupd is not None:
+            await self._lookupd.close()
+            self._lookupd = None
+        if self._statsd is not None:
+            await self._statsd.close()
+            self._statsd = None
         await self._stop_servers(grace)
         if self._ticker is not None:
             self._ticker.cancel()

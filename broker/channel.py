@@ -340,5 +340,6 @@ class Channel:
             requeue_count=self.requeue_count, timeout_count=self.timeout_count,
             finish_count=self.finish_count, paused=self.paused,
             clients=[ClientStats(c.client_id, c.rdy, len(c.in_flight), c.message_count,
-                                 c.finish_count, c.requeue_count) for c in self._consumers],
+                                 c.finish_count, c.requeue_count, c.connect_ts)
+                     for c in self._consumers],
             e2e_processing_latency=self.latency.percentiles())

@@ -8,6 +8,7 @@ never knows which wire it speaks.
 from __future__ import annotations
 
 import itertools
+import time
 from typing import TYPE_CHECKING, Callable, Optional
 
 from .message import Message
@@ -31,6 +32,7 @@ class Consumer:
         self.message_count = 0
         self.finish_count = 0
         self.requeue_count = 0
+        self.connect_ts = int(time.time())  # wall clock, for stats
         self._on_message = on_message
         # Set by a server: called when the channel is deleted under the consumer.
         self.on_evicted: Callable[[], None] | None = None

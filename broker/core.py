@@ -29,6 +29,12 @@ from .topic import Topic
 if TYPE_CHECKING:
     from .storage import Storage
 
+# A listener hears of topics and channels appearing and going away:
+# ``listener(event, topic, channel)`` with event one of "topic_created",
+# "topic_deleted", "channel_created", "channel_deleted" (channel is None for
+# topic events). It runs on the core's loop and must be quick and not raise.
+Listener = Callable[[str, str, "str | None"], None]
+
 log = logging.getLogger("pynsqd")
 
 # Seconds between ticks: the most a timeout or a deferred message can lag.
@@ -50,6 +56,7 @@ class Broker:
         self._requeued: OrderedDict[str, Lease] = OrderedDict()
         self.dedupe = Deduplicator()
         self.storage: "Storage | None" = None  # set by BrokerApp when --data-path is given
+        self.listeners: list[Listener] = []  # e.g. the nsqlookupd registration
 
     # -- publishing -------------------------------------------------------
     def publish(self, topic: str, body: bytes, *, defer_ms: int = 0, producer_id: str = "",
@@ -339,20 +346,31 @@ class Broker:
 
     def on_topic_created(self, topic: Topic) -> None:
         self.on_metadata_changed()
+        self._notify("topic_created", topic.name, None)
 
     def on_topic_deleted(self, topic: Topic) -> None:
         if self.storage is not None:
             self.storage.topic_deleted(topic)
         self.on_metadata_changed()
+        self._notify("topic_deleted", topic.name, None)
 
     def on_channel_created(self, channel: Channel) -> None:
         self.on_metadata_changed()
+        self._notify("channel_created", channel.topic.name, channel.name)
 
     def on_channel_deleted(self, channel: Channel) -> None:
         for lease_id, lease in list(self._leases.items()):
             if lease.channel is channel:
                 self._forget_lease(lease_id)
         self.on_metadata_changed()
+        self._notify("channel_deleted", channel.topic.name, channel.name)
+
+    def _notify(self, event: str, topic: str, channel: str | None) -> None:
+        for listener in self.listeners:
+            try:
+                listener(event, topic, channel)
+            except Exception:  # a listener's bug must not fail a publish or an admin call
+                log.exception("listener failed on %s %s/%s", event, topic, channel)
 
     def on_metadata_changed(self) -> None:
         if self.storage is not None:

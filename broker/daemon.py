@@ -29,9 +29,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pynsqd {__version__}")
     for name, (default, help_text, is_duration) in option_help().items():
         shown = f"{default}ms" if is_duration else default
+        if isinstance(default, tuple):
+            parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None,
+                                action="append",
+                                help=f"{help_text} (default: none)".replace("%", "%%"))
+            continue
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None,
                             type=str if is_duration or isinstance(default, str) else int,
-                            help=f"{help_text} (default: {shown!r})")
+                            help=f"{help_text} (default: {shown!r})".replace("%", "%%"))
     return parser
 
 

@@ -63,6 +63,14 @@ class Options:
     max_req_timeout: int = _duration(3_600_000, "largest REQ or DPUB delay")
     max_rdy_count: int = _opt(2500, "largest RDY count a consumer may give")
     log_level: str = _opt("info", "debug, info, warning or error")
+    lookupd_tcp_address: tuple[str, ...] = _opt(
+        (), "host:port of an nsqlookupd's TCP port to register with (repeatable)")
+    broadcast_address: str = _opt("", "address registered with nsqlookupd (default: hostname)")
+    statsd_address: str = _opt("", "UDP host:port of statsd to push stats to (empty: off)")
+    statsd_prefix: str = _opt("nsq.%s", "prefix of statsd keys (%s: broadcast address and "
+                              "HTTP port)")
+    statsd_interval: int = _duration(60_000, "time between pushes to statsd")
+    statsd_udp_packet_size: int = _opt(508, "largest statsd UDP datagram, in bytes")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -73,6 +81,14 @@ class Options:
                      "max_bytes_per_file"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must not be negative")
+        self.lookupd_tcp_address = _addresses(self.lookupd_tcp_address, "lookupd-tcp-address")
+        if self.lookupd_tcp_address and not (self.tcp_address and self.http_address):
+            raise ValueError("lookupd-tcp-address needs tcp-address and http-address: "
+                             "nsqlookupd registers a broker by its TCP and HTTP ports")
+        if self.statsd_address:
+            split_host_port(self.statsd_address, "statsd-address")
+        if self.statsd_interval <= 0 or self.statsd_udp_packet_size <= 0:
+            raise ValueError("statsd-interval and statsd-udp-packet-size must be positive")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ValueError(f"log-level: expected debug, info, warning or error, "
                              f"got {self.log_level!r}")
@@ -99,12 +115,34 @@ class Options:
             if name not in known:
                 raise ValueError(f"{path}: unknown option {key!r}")
             default = known[name].default
-            if not known[name].metadata.get("duration") and type(value) is not type(default):
+            if isinstance(default, tuple):
+                if isinstance(value, str):
+                    value = [value]
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise ValueError(f"{path}: {key}: expected a list of strings, got {value!r}")
+                value = tuple(value)
+            elif not known[name].metadata.get("duration") and type(value) is not type(default):
                 kind = "a whole number" if isinstance(default, int) else "a string"
                 raise ValueError(f"{path}: {key}: expected {kind}, got {value!r}")
             values[name] = value
         values.update(overrides)
         return cls(**values)
+
+
+def split_host_port(address: str, name: str = "address") -> tuple[str, int]:
+    """``"host:port"`` -> (host, port); an error naming ``name`` otherwise."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{name}: expected host:port, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def _addresses(value: Any, name: str) -> tuple[str, ...]:
+    """A repeatable host:port option, checked."""
+    values = (value,) if isinstance(value, str) else tuple(value)
+    for address in values:
+        split_host_port(address, name)
+    return values
 
 
 def option_help() -> dict[str, tuple[Any, str, bool]]:

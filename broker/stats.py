@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 
 QUANTILES = (0.5, 0.95, 0.99)
+# Upper bounds (ms) of the cumulative latency histogram (Prometheus' ``le``).
+HISTOGRAM_BOUNDS_MS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000,
+                       60000)
 
 
 class LatencySample:
-    """The most recent ``size`` publish-to-FIN latencies, in milliseconds."""
+    """The most recent ``size`` publish-to-FIN latencies, in milliseconds, and a
+    histogram of all of them since the start (counts per ``HISTOGRAM_BOUNDS_MS``)."""
 
     def __init__(self, size: int = 4096) -> None:
         self._values: deque[float] = deque(maxlen=size)
+        self.bucket_counts = [0] * (len(HISTOGRAM_BOUNDS_MS) + 1)  # the last: above all
+        self.sum_ms = 0.0
 
     def add(self, latency_ms: float) -> None:
         self._values.append(latency_ms)
+        self.bucket_counts[bisect_left(HISTOGRAM_BOUNDS_MS, latency_ms)] += 1
+        self.sum_ms += latency_ms
 
     def extend(self, other: "LatencySample") -> None:
         self._values.extend(other._values)
@@ -36,6 +45,7 @@ class ClientStats:
     message_count: int
     finish_count: int
     requeue_count: int
+    connect_ts: int = 0  # Unix seconds
 
 
 @dataclass

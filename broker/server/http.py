@@ -38,10 +38,12 @@ class HttpApi:
         r.add_post("/mpub", self.mpub)
         r.add_put("/mpub", self.mpub)
         r.add_get("/stats", self.stats)
+        r.add_get("/metrics", self.metrics)
         for action in ("create", "delete", "empty", "pause", "unpause"):
             r.add_post(f"/topic/{action}", self._topic_action(action))
             r.add_post(f"/channel/{action}", self._channel_action(action))
         self.runner: web.AppRunner | None = None
+        self._metrics = None  # built on the first scrape
 
     # -- arguments --------------------------------------------------------
     @staticmethod
@@ -68,7 +70,8 @@ class HttpApi:
     async def info(self, request: web.Request) -> web.Response:
         tcp, http = self.addresses.get("tcp", ""), self.addresses.get("http", "")
         return web.json_response({
-            "version": __version__, "broadcast_address": socket.gethostname(),
+            "version": __version__,
+            "broadcast_address": self.broker.options.broadcast_address or socket.gethostname(),
             "hostname": socket.gethostname(),
             "tcp_port": int(tcp.rpartition(":")[2] or 0),
             "http_port": int(http.rpartition(":")[2] or 0),
@@ -126,6 +129,15 @@ class HttpApi:
         if request.query.get("format") == "text":
             return web.Response(text=_stats_text(data))
         return web.json_response(data)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """Prometheus' text format (see ``broker.metrics``)."""
+        from .. import metrics
+
+        if self._metrics is None:
+            self._metrics = metrics.registry_for(self.broker)
+        return web.Response(body=metrics.exposition(self._metrics),
+                            headers={"Content-Type": metrics.CONTENT_TYPE})
 
     def _topic_action(self, action: str):
         async def handle(request: web.Request) -> web.Response:
@@ -216,7 +228,10 @@ def _topic_json(t) -> dict:
             "clients": [{"client_id": k.client_id, "hostname": k.client_id,
                          "ready_count": k.ready_count, "in_flight_count": k.in_flight_count,
                          "message_count": k.message_count, "finish_count": k.finish_count,
-                         "requeue_count": k.requeue_count} for k in c.clients],
+                         "requeue_count": k.requeue_count, "connect_ts": k.connect_ts,
+                         # declined by pynsqd (see the IDENTIFY negotiation)
+                         "sample_rate": 0, "tls": False, "deflate": False, "snappy": False,
+                         "authed": False} for k in c.clients],
         } for c in t.channels]}
 
 

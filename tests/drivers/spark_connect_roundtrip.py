@@ -1,0 +1,41 @@
+"""A Spark Connect client run as its own process by the tests: through a local
+Spark Connect server (``SparkSession.builder.remote("local[2]")``), read a pynsq
+topic with the source (``availableNow``) and write each body, upper-cased, to
+another topic with the native sink; then publish a static DataFrame with
+``df.write.format("pynsq")``. Prints one JSON line of what it did.
+
+    python spark_connect_roundtrip.py ADDRESS IN_TOPIC OUT_TOPIC CHECKPOINT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def main(address: str, in_topic: str, out_topic: str, checkpoint: str) -> None:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.remote("local[2]").appName("pynsq-connect-test")
+             .config("spark.sql.shuffle.partitions", "2")
+             .getOrCreate())
+    is_connect = type(spark).__module__.startswith("pyspark.sql.connect")
+    source = (spark.readStream.format("pynsq").option("address", address)
+              .option("topic", in_topic).option("channel", "connect").load())
+    query = (source.selectExpr("upper(CAST(body AS STRING)) AS body")
+             .writeStream.format("pynsq").option("address", address)
+             .option("topic", out_topic)
+             .option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    (spark.createDataFrame([("static-1",), ("static-2",)], "body STRING")
+     .write.format("pynsq").option("address", address).option("topic", out_topic)
+     .mode("append").save())
+    print(json.dumps({"connect": is_connect}))
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:5])

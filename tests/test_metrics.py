@@ -1,0 +1,150 @@
+"""``/metrics`` on the HTTP port: scraped over HTTP and parsed with prometheus_client's
+own parser, after real traffic over gRPC."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from broker.metrics import _histogram
+
+from .helpers import wait_for
+
+
+def scrape(broker) -> dict[str, dict[tuple, float]]:
+    """sample name -> {sorted label items: value}."""
+    with urllib.request.urlopen(f"http://{broker.http_address}/metrics", timeout=10) as r:
+        assert r.headers["Content-Type"].startswith("text/plain; version=")
+        text = r.read().decode()
+    samples: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return samples
+
+
+def _ch(topic: str, channel: str, **more: str) -> tuple:
+    return tuple(sorted({"topic": topic, "channel": channel, **more}.items()))
+
+
+def test_metrics_count_what_happened_per_topic_and_channel(broker, client):
+    client.admin("channel", "create", "events", "spark")
+    client.admin("channel", "create", "events", "idle")
+    client.multi_publish("events", [f"m{i}" for i in range(10)])
+    with client.subscribe("events", "spark", rdy=4, msg_timeout_ms=200) as sub:
+        got = [sub.get(timeout=10) for _ in range(4)]
+        sub.fin(got[0].id, got[1].id)
+        sub.req(got[2].id)
+        # got[3] is left to time out
+        wait_for(lambda: scrape(broker)["pynsq_channel_timed_out_total"]
+                 .get(_ch("events", "spark"), 0) >= 1, 30, message="a timeout counted")
+        m = scrape(broker)
+        spark = _ch("events", "spark")
+        assert m["pynsq_channel_clients"][spark] == 1
+        assert m["pynsq_channel_finished_total"][spark] == 2
+        assert m["pynsq_channel_requeued_total"][spark] >= 1
+        assert m["pynsq_channel_messages_total"][spark] == 10
+        in_flight = m["pynsq_channel_in_flight"][spark]
+        assert m["pynsq_channel_depth"][spark] + in_flight == 8  # 10 - 2 FINed
+        assert m["pynsq_channel_e2e_processing_latency_seconds_count"][spark] == 2
+        assert m["pynsq_channel_e2e_processing_latency_seconds_bucket"][
+            _ch("events", "spark", le="+Inf")] == 2
+    idle = _ch("events", "idle")
+    assert m["pynsq_channel_depth"][idle] == 10
+    assert m["pynsq_channel_clients"][idle] == 0
+    assert m["pynsq_topic_messages_total"][(("topic", "events"),)] == 10
+    assert m["pynsq_topic_message_bytes_total"][(("topic", "events"),)] == 20
+    assert m["pynsq_topics"][()] == 1
+
+
+def test_deferred_and_paused_are_shown(broker, client):
+    client.admin("channel", "create", "later", "c")
+    client.publish("later", "x", defer_ms=3_600_000)
+    client.admin("channel", "pause", "later", "c")
+    client.admin("topic", "pause", "later")
+    m = scrape(broker)
+    assert m["pynsq_channel_deferred"][_ch("later", "c")] == 1
+    assert m["pynsq_channel_paused"][_ch("later", "c")] == 1
+    assert m["pynsq_topic_paused"][(("topic", "later"),)] == 1
+
+
+def test_a_deleted_topic_leaves_the_metrics(broker, client):
+    client.admin("channel", "create", "gone", "c")
+    assert _ch("gone", "c") in scrape(broker)["pynsq_channel_depth"]
+    client.admin("topic", "delete", "gone")
+    assert _ch("gone", "c") not in scrape(broker).get("pynsq_channel_depth", {})
+
+
+def test_process_metrics_are_served(broker):
+    m = scrape(broker)
+    assert m["process_resident_memory_bytes"][()] > 0
+    assert m["process_cpu_seconds_total"][()] >= 0
+    assert "python_info" in m
+
+
+def test_latency_buckets_are_cumulative_in_seconds():
+    counts = [1, 0, 2] + [0] * 12  # 1 at <=1ms, 2 at <=10ms
+    buckets, total_s = _histogram(counts, 25.0)
+    assert buckets[0] == ("0.001", 1)
+    assert buckets[2] == ("0.01", 3)
+    assert buckets[-1] == ("+Inf", 3)
+    assert total_s == 0.025
+
+
+# -- statsd push (nsqd's --statsd-address) ------------------------------------------
+def test_statsd_counters_are_the_change_since_the_last_push():
+    from broker.stats import ChannelStats, TopicStats
+    from broker.statsd import statsd_lines
+
+    def stats(n: int) -> list[TopicStats]:
+        channel = ChannelStats("c", depth=n, in_flight_count=0, deferred_count=0,
+                               message_count=n, requeue_count=0, timeout_count=0,
+                               finish_count=0, paused=False)
+        return [TopicStats("t", depth=0, message_count=n, message_bytes=2 * n, paused=False,
+                           channels=[channel])]
+
+    first, last = statsd_lines("nsq.h_4151.", stats(3), {})
+    assert "nsq.h_4151.topic.t.message_count:3|c" in first
+    assert "nsq.h_4151.topic.t.channel.c.depth:3|g" in first
+    second, _ = statsd_lines("nsq.h_4151.", stats(5), last)
+    assert "nsq.h_4151.topic.t.message_count:2|c" in second
+    assert "nsq.h_4151.topic.t.channel.c.depth:5|g" in second
+
+
+def test_statsd_lines_are_packed_into_bounded_datagrams():
+    from broker.statsd import packets
+
+    lines = [f"nsq.x.topic.t{i}.depth:{i}|g" for i in range(100)]
+    out = packets(lines, 508)
+    assert all(len(p) <= 508 for p in out)
+    assert b"".join(out).decode().splitlines() == lines
+
+
+def test_pynsqd_pushes_nsqd_statsd_names_over_udp():
+    import socket
+
+    from broker import EmbeddedBroker
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.bind(("127.0.0.1", 0))
+        udp.settimeout(0.5)
+        address = f"127.0.0.1:{udp.getsockname()[1]}"
+        with EmbeddedBroker(statsd_address=address, statsd_interval="100ms",
+                            broadcast_address="127.0.0.1") as broker:
+            broker.call(broker.broker.create_channel, "events", "spark")
+            broker.call(broker.broker.multi_publish, "events", [b"a", b"b", b"c"])
+            prefix = f"nsq.127_0_0_1_{broker.http_address.rpartition(':')[2]}."
+            seen: list[str] = []
+
+            def pushed() -> bool:
+                try:
+                    seen.extend(udp.recv(65536).decode().splitlines())
+                except TimeoutError:
+                    pass
+                return f"{prefix}topic.events.channel.spark.depth:3|g" in seen
+
+            wait_for(pushed, 30, interval=0, message="a push showing depth 3")
+            counted = sum(int(line.split(":")[1].split("|")[0]) for line in seen
+                          if line.startswith(f"{prefix}topic.events.message_count:"))
+            assert counted == 3  # counters add up to what was published
