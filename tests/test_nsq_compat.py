@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from broker import EmbeddedBroker
+from broker import Client, EmbeddedBroker
 
 from .helpers import wait_for
 
@@ -93,11 +93,22 @@ class Raw:
         return kind, data
 
     def closed(self) -> bool:
+        """True when the broker closed the connection (a real EOF or reset); a
+        socket timeout is not a close and fails the test."""
         try:
             self.frame()
-        except (ConnectionError, OSError):
+        except ConnectionError:
             return True
         return False
+
+    def frames_until_closed(self) -> list[tuple[int, bytes]]:
+        """Every frame up to the broker's close; a timeout (never closed) fails."""
+        frames = []
+        while True:
+            try:
+                frames.append(self.frame())
+            except ConnectionError:
+                return frames
 
 
 def mpub_body(*bodies: bytes) -> bytes:
@@ -111,7 +122,10 @@ def mpub_body(*bodies: bytes) -> bytes:
     ([("PUB bad!topic", b"x")], b"E_BAD_TOPIC"),
     ([("PUB t", b"")], b"E_BAD_MESSAGE"),
     ([("PUB t", b"x" * (1024 * 1024 + 1))], b"E_BAD_MESSAGE"),
-    ([("MPUB t", b"\x00\x00")], b"E_BAD_BODY"),
+    ([("MPUB t", b"")], b"E_BAD_BODY"),
+    ([("MPUB t", mpub_body(b"ok", b""))], b"E_BAD_MESSAGE"),
+    ([("PUB", None)], b"E_INVALID"),
+    ([("", None)], b"E_INVALID"),
     ([("MPUB t", struct.pack(">i", 0))], b"E_BAD_BODY"),
     ([("DPUB t 99999999999", b"x")], b"E_INVALID"),
     ([("SUB t ch", None), ("RDY 100000", None)], b"E_INVALID"),
@@ -127,13 +141,30 @@ def test_fatal_errors_send_nsqds_code_and_close(broker, commands, code):
     raw = Raw(broker.tcp_address)
     for line, body in commands:
         raw.send(line, body)
-    frames = []
-    while True:
-        try:
-            frames.append(raw.frame())
-        except (ConnectionError, OSError):
-            break
+    frames = raw.frames_until_closed()
     assert frames[-1][0] == 1 and frames[-1][1].startswith(code)
+
+
+@pytest.mark.parametrize("data, code", [
+    (b"PUB t\n\x00\x00", b"E_BAD_MESSAGE PUB failed to read message body size"),
+    (b"PUB t\n\x00\x00\x00\x05abc", b"E_BAD_MESSAGE PUB failed to read message body"),
+    (b"MPUB t\n\x00\x00\x00\x08\x00\x00", b"E_BAD_BODY MPUB failed to read message count"),
+    (b"MPUB t\n\x00\x00\x00\x0c\x00\x00\x00\x02\x00\x00\x00\x01x",
+     b"E_BAD_MESSAGE MPUB failed to read message(1) body size"),
+    (b"IDENTIFY\n\x00\x00\x00\x09{}", b"E_BAD_BODY IDENTIFY failed to read body"),
+])
+def test_a_command_cut_short_by_the_client_closing_gets_nsqds_error(broker, data, code):
+    raw = Raw(broker.tcp_address)
+    raw.sock.sendall(data)
+    raw.sock.shutdown(socket.SHUT_WR)
+    assert raw.frames_until_closed() == [(1, code)]
+
+
+def test_a_partial_command_line_at_close_gets_no_answer_as_in_nsqd(broker):
+    raw = Raw(broker.tcp_address)
+    raw.sock.sendall(b"PUB t")
+    raw.sock.shutdown(socket.SHUT_WR)
+    assert raw.frames_until_closed() == []
 
 
 def test_fin_req_touch_failures_are_reported_and_the_connection_stays(broker, client):
@@ -150,17 +181,24 @@ def test_fin_req_touch_failures_are_reported_and_the_connection_stays(broker, cl
     assert raw.frame() == (0, b"OK")
 
 
-def test_req_delay_out_of_range_is_fatal_as_in_nsqd(broker, client):
-    client.publish("t", b"x")
-    raw = Raw(broker.tcp_address)
-    raw.send("SUB t ch")
-    raw.frame()
-    raw.send("RDY 1")
-    kind, data = raw.frame()
-    msg_id = data[10:26].decode()
-    raw.send(f"REQ {msg_id} 99999999999")
-    assert raw.frame()[1].startswith(b"E_INVALID")
-    assert raw.closed()
+def test_req_delay_over_max_req_timeout_is_clamped_as_in_nsqd():
+    with EmbeddedBroker(max_req_timeout="2s") as broker, Client(broker.address) as client:
+        client.admin("channel", "create", "t", "ch")
+        client.publish("t", b"x")
+        raw = Raw(broker.tcp_address)
+        raw.send("SUB t ch")
+        raw.frame()
+        raw.send("RDY 1")
+        kind, data = raw.frame()
+        msg_id = data[10:26].decode()
+        raw.send(f"REQ {msg_id} 99999999999")
+        raw.send("PUB other", b"connection still open")
+        assert raw.frame() == (0, b"OK")
+        channel = client.stats("t").topics[0].channels[0]
+        assert (channel.requeue_count, channel.deferred_count) == (1, 1)
+        # Clamped to 2 s, not 3 years: it comes back.
+        kind, data = raw.frame()
+        assert (kind, data[10:26].decode()) == (2, msg_id)
 
 
 def test_garbage_gets_bad_protocol_and_others_keep_working(broker, client):
