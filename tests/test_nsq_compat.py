@@ -245,9 +245,10 @@ def test_heartbeats_are_sent_and_answered_with_nop(broker):
 
 # -- HTTP ----------------------------------------------------------------------
 
-def http(broker, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+def http(broker, method: str, path: str, body: bytes | None = None,
+         headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     request = urllib.request.Request(f"http://{broker.http_address}{path}", data=body,
-                                     method=method)
+                                     method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, response.read()
@@ -279,10 +280,19 @@ def test_http_ping_info_pub_mpub_and_stats(broker, client):
     ("POST", "/pub?topic=t", b"x" * (1024 * 1024 + 1), 413, "MSG_TOO_BIG"),
     ("POST", "/pub?topic=t", b"", 400, "MSG_EMPTY"),
     ("POST", "/pub?topic=t&defer=-5", b"x", 400, "INVALID_DEFER"),
-    ("POST", "/mpub?topic=t&binary=true", b"\x00\x00\x00\x05", 400, "INVALID_BODY"),
+    ("POST", "/pub?topic=", b"x", 400, "INVALID_TOPIC"),
+    ("POST", "/pub?topic=abc%0A", b"x", 400, "INVALID_TOPIC"),
+    ("POST", "/mpub?topic=t&binary=true", b"\x00\x00\x00\x05", 413, "BAD_MESSAGE"),
+    ("POST", "/mpub?topic=t&binary=true", b"\x00\x00\x00\x00", 413, "BAD_BODY"),
+    ("POST", "/mpub?topic=t&binary=true", b"\x00\x00\x00\x01\x00\x00\x00\x00", 413,
+     "BAD_MESSAGE"),
+    ("POST", "/mpub?topic=t", b"x" * (5 * 1024 * 1024 + 1), 413, "BODY_TOO_BIG"),
+    ("GET", "/nowhere", None, 404, "NOT_FOUND"),
+    ("GET", "/pub?topic=t", None, 405, "METHOD_NOT_ALLOWED"),
     ("POST", "/topic/pause?topic=missing", None, 404, "TOPIC_NOT_FOUND"),
     ("POST", "/channel/create?topic=t", None, 400, "MISSING_ARG_CHANNEL"),
-    ("POST", "/channel/create?topic=t&channel=bad!", None, 400, "INVALID_CHANNEL"),
+    ("POST", "/channel/create?topic=t&channel=bad!", None, 400, "INVALID_ARG_CHANNEL"),
+    ("POST", "/channel/create?topic=missing&channel=ch", None, 404, "TOPIC_NOT_FOUND"),
     ("POST", "/channel/delete?topic=t&channel=missing", None, 404, "CHANNEL_NOT_FOUND"),
 ])
 def test_http_errors_use_nsqds_status_codes_and_strings(broker, client, method, path, body,
@@ -290,6 +300,64 @@ def test_http_errors_use_nsqds_status_codes_and_strings(broker, client, method, 
     client.admin("topic", "create", "t")
     code, data = http(broker, method, path, body)
     assert (code, json.loads(data)["message"]) == (status, message)
+
+
+def test_http_stats_filters_pick_one_topic_and_one_channel(broker, client):
+    for topic in ("a", "b"):
+        for channel in ("x", "y"):
+            client.admin("channel", "create", topic, channel)
+    stats = json.loads(http(broker, "GET", "/stats?format=json&topic=b&channel=y")[1])
+    assert [(t["topic_name"], [c["channel_name"] for c in t["channels"]])
+            for t in stats["topics"]] == [("b", ["y"])]
+    stats = json.loads(http(broker, "GET", "/stats?format=json&topic=a")[1])
+    assert [(t["topic_name"], sorted(c["channel_name"] for c in t["channels"]))
+            for t in stats["topics"]] == [("a", ["x", "y"])]
+
+
+def test_http_stats_answer_text_unless_format_is_json(broker, client):
+    client.admin("topic", "create", "t")
+    status, body = http(broker, "GET", "/stats?format=yaml")
+    assert status == 200 and body.decode().startswith("pynsqd v")
+    assert json.loads(http(broker, "GET", "/stats?format=json")[1])["topics"][0]["topic_name"] == "t"
+
+
+@pytest.mark.parametrize("headers", [
+    {"Origin": "http://evil.example"},
+    {"Origin": "null"},
+    {"Sec-Fetch-Site": "cross-site"},
+    {"Sec-Fetch-Site": "same-site", "Origin": "http://other.localhost"},
+])
+def test_a_cross_origin_browser_request_that_changes_state_is_refused(broker, client, headers):
+    client.admin("topic", "create", "keep")
+    for path in ("/topic/delete?topic=keep", "/topic/create?topic=new", "/pub?topic=keep"):
+        status, body = http(broker, "POST", path, b"x", headers=headers)
+        assert (status, json.loads(body)["message"]) == (403, "CROSS_ORIGIN_REQUEST")
+    assert [t.name for t in client.stats().topics] == ["keep"]
+    assert client.stats("keep").topics[0].message_count == 0
+    assert http(broker, "GET", "/stats?format=json", headers=headers)[0] == 200
+
+
+def test_same_origin_and_non_browser_requests_change_state(broker, client):
+    same = {"Origin": f"http://{broker.http_address}", "Sec-Fetch-Site": "same-origin"}
+    assert http(broker, "POST", "/topic/create?topic=a", headers=same)[0] == 200
+    assert http(broker, "POST", "/topic/create?topic=b", headers={"Sec-Fetch-Site": "none"})[0] \
+        == 200
+    assert http(broker, "POST", "/topic/create?topic=c")[0] == 200
+    assert [t.name for t in client.stats().topics] == ["a", "b", "c"]
+
+
+def test_an_empty_tcp_or_http_address_turns_that_listener_off():
+    from broker import Client
+
+    with EmbeddedBroker(tcp_address="", http_address="") as off, Client(off.address) as client:
+        assert (off.tcp_address, off.http_address, sorted(off.app.addresses)) == ("", "",
+                                                                                 ["grpc"])
+        assert client.ping() == "OK"
+    with EmbeddedBroker(http_address="") as tcp_only:
+        assert tcp_only.tcp_address and not tcp_only.http_address
+        raw = Raw(tcp_only.tcp_address)
+        raw.send("PUB t", b"x")
+        assert raw.frame() == (0, b"OK")
 
 
 def test_http_topic_and_channel_admin(broker, client):
