@@ -180,6 +180,7 @@ class HttpApi:
         if not body:
             raise HttpError(400, "MSG_EMPTY")
         topic = _topic(request)
+        self.broker.get_or_create_topic(topic)   # as nsqd: the topic exists from here on
         defer_ms = 0
         defer = request.query.get("defer")
         if defer is not None:
@@ -199,6 +200,7 @@ class HttpApi:
         if (request.content_length or 0) > opts.max_body_size:
             raise HttpError(413, "BODY_TOO_BIG")
         topic = _topic(request)
+        self.broker.get_or_create_topic(topic)   # as nsqd: the topic exists from here on
         binary = request.query.get("binary")
         body = await _read_at_most(request, opts.max_body_size)
         if body is None:
@@ -236,13 +238,18 @@ class HttpApi:
         async def handle(request: web.Request) -> web.Response:
             if action == "create":
                 self.broker.get_or_create_topic(_topic(request))
-            elif action == "delete":   # nsqd checks no name here: a bad one is not found
-                self.broker.delete_topic(_arg(request, "topic", "MISSING_ARG_TOPIC"))
             else:
                 name = _arg(request, "topic", "MISSING_ARG_TOPIC")
                 if action == "empty" and not is_valid_name(name):
                     raise HttpError(400, "INVALID_TOPIC")
-                getattr(self.broker.topic(name), action)()
+                # nsqd checks no name for delete/pause: a bad one is simply not found.
+                topic = self.broker.topics.get(name)
+                if topic is None:
+                    raise HttpError(404, "TOPIC_NOT_FOUND")
+                if action == "delete":
+                    self.broker.delete_topic(name)
+                else:
+                    getattr(topic, action)()
             return web.Response(text="")
         return handle
 

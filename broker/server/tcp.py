@@ -379,6 +379,7 @@ class V2Connection(asyncio.Protocol):
 
     def _mpub(self, params: list[bytes], pos: int) -> int:
         topic = self._topic("MPUB", params, 2)
+        self.broker.get_or_create_topic(topic)   # as nsqd: the topic exists from here on
         opts = self.broker.options
         size, pos = wire.read_size(self.buf, pos, InvalidBody("MPUB failed to read body size"))
         if size <= 0:
