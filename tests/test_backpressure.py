@@ -125,3 +125,58 @@ def test_pynsqd_raises_its_open_file_limit_and_serves_its_clients_at_the_limit()
         for s in extra:
             s.close()
         daemon.kill()
+
+
+def stalled_grpc_stream(client: Client, msg_timeout_ms: int):
+    """A gRPC consumer with RDY 2500 that reads its first frame and then nothing;
+    its request stream stays open until the call is cancelled."""
+    import threading
+
+    from broker.api import broker_pb2 as pb
+
+    done = threading.Event()
+
+    def frames():
+        yield pb.ClientFrame(sub=pb.Sub(topic="t", channel="ch", msg_timeout_ms=msg_timeout_ms))
+        yield pb.ClientFrame(rdy=pb.Rdy(count=2500))
+        done.wait(120)
+
+    call = client.stub.Subscribe(frames())
+    call.add_done_callback(lambda _: done.set())
+    assert next(call).WhichOneof("frame") == "subscribed"
+    return call
+
+
+def test_a_grpc_stream_that_is_not_read_stops_receiving(client, broker):
+    call = stalled_grpc_stream(client, 60_000)
+    try:
+        wait_for(lambda: client.stats("t").topics and client.stats("t").topics[0].channels[0]
+                 .clients, 10, message="the stream to subscribe")
+        for start in range(0, COUNT * 2, 50):
+            client.multi_publish("t", [BODY] * 50)
+        channel = client.stats("t").topics[0].channels[0]
+        assert channel.in_flight_count < COUNT and channel.depth > COUNT
+    finally:
+        call.cancel()
+
+
+def test_a_grpc_stream_stuck_past_its_timeout_is_disconnected_and_others_get_everything(
+        client, broker):
+    call = stalled_grpc_stream(client, 1000)
+    try:
+        wait_for(lambda: client.stats("t").topics and client.stats("t").topics[0].channels[0]
+                 .clients, 10, message="the stream to subscribe")
+        ids = []
+        for start in range(0, COUNT * 2, 50):
+            ids += client.multi_publish("t", [BODY] * 50)
+        wait_for(lambda: not client.stats("t").topics[0].channels[0].clients, 60,
+                 message="the stuck stream to be disconnected")
+        with client.subscribe("t", "ch", rdy=100) as sub:
+            seen = set()
+            while len(seen) < len(ids):
+                msg = sub.get(30)
+                seen.add(msg.id)
+                sub.fin(msg.id)
+        assert seen == set(ids)
+    finally:
+        call.cancel()

@@ -120,15 +120,28 @@ class BrokerService(pb_grpc.BrokerServicer):
         outbox: list[Message] = []
         replies: list[pb.ServerFrame] = []
         wake = asyncio.Event()
-        state: dict = {"fatal": None, "done": False, "bytes": 0, "consumer": None}
+        state: dict = {"fatal": None, "done": False, "bytes": 0, "consumer": None,
+                       "stuck": None}
+        loop = asyncio.get_running_loop()
+        stream_task = asyncio.current_task()
+
+        def stuck_out() -> None:
+            consumer = state["consumer"]
+            log.warning("consumer %s: has not read its stream for %.1fs; disconnecting",
+                        consumer.client_id, consumer.msg_timeout)
+            stream_task.cancel()        # the finally below requeues what it held
 
         def on_message(msg: Message) -> None:
             outbox.append(msg)
             state["bytes"] += len(msg.body)
             # Backpressure: a client that does not read gets nothing more until
-            # what waits for it has been handed to gRPC.
+            # what waits for it has been handed to gRPC; stuck past its message
+            # timeout, it is disconnected.
             if state["bytes"] >= STREAM_BUFFER_BYTES or len(outbox) >= MAX_FRAME_MESSAGES:
-                state["consumer"].block()
+                consumer = state["consumer"]
+                consumer.block()
+                if state["stuck"] is None:
+                    state["stuck"] = loop.call_later(consumer.msg_timeout, stuck_out)
             wake.set()
 
         first = await context.read()
@@ -188,12 +201,17 @@ class BrokerService(pb_grpc.BrokerServicer):
                     state["bytes"] = 0
                     for frame in frames_of(msgs):
                         yield pb.ServerFrame(messages=frame)
+                    if state["stuck"] is not None:
+                        state["stuck"].cancel()
+                        state["stuck"] = None
                     consumer.unblock()
                 if state["fatal"] is not None:
                     await abort(context, state["fatal"].error)
                 if state["done"]:
                     return
         finally:
+            if state["stuck"] is not None:
+                state["stuck"].cancel()
             reader.cancel()
             consumer.detach()
 
