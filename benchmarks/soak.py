@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import free_port, start, stop  # noqa: E402
 from broker import Client  # noqa: E402
+from broker.server.wire import split_frames  # noqa: E402
 
 TOPIC = "soak"
 PRODUCERS = CONSUMERS = 4
@@ -40,21 +41,16 @@ BATCH = 10
 
 
 def _frames(sock: socket.socket, buf: bytearray) -> list[tuple[int, bytes]]:
-    frames: list[tuple[int, bytes]] = []
-    while not frames:
+    """At least one whole frame from the socket."""
+    while True:
+        frames, used = split_frames(buf)
+        if frames:
+            del buf[:used]
+            return frames
         chunk = sock.recv(1 << 16)
         if not chunk:
             raise ConnectionError("closed")
         buf += chunk
-        pos = 0
-        while len(buf) - pos >= 8:
-            size, kind = struct.unpack_from(">ii", buf, pos)
-            if len(buf) - pos < 4 + size:
-                break
-            frames.append((kind, bytes(buf[pos + 8:pos + 4 + size])))
-            pos += 4 + size
-        del buf[:pos]
-    return frames
 
 
 class Soak:

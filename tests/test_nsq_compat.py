@@ -160,6 +160,13 @@ def test_a_command_cut_short_by_the_client_closing_gets_nsqds_error(broker, data
     assert raw.frames_until_closed() == [(1, code)]
 
 
+def test_an_mpub_over_max_body_size_is_refused_before_its_body_arrives(broker, client):
+    raw = Raw(broker.tcp_address)
+    raw.sock.sendall(b"MPUB t\n" + struct.pack(">i", 5 * 1024 * 1024 + 1))
+    assert raw.frames_until_closed() == [(1, b"E_BAD_BODY MPUB body too big 5242881 > 5242880")]
+    assert client.ping() == "OK"
+
+
 def test_a_partial_command_line_at_close_gets_no_answer_as_in_nsqd(broker):
     raw = Raw(broker.tcp_address)
     raw.sock.sendall(b"PUB t")

@@ -118,3 +118,9 @@ def test_frames_are_nsqds_layout():
     assert data == struct.pack(">iiqH", 34, 2, 7, 2) + b"0123456789abcdefbody"
     assert wire.error_frame(InvalidBody("MPUB invalid body size 0"))[8:] == \
         b"E_BAD_BODY MPUB invalid body size 0"
+
+
+def test_frames_split_whole_and_leave_a_partial_one():
+    data = wire.frame(0, b"OK") + wire.frame(1, b"E_INVALID x")
+    assert wire.split_frames(data + data[:5]) == ([(0, b"OK"), (1, b"E_INVALID x")], len(data))
+    assert wire.split_frames(b"\x00\x00") == ([], 0)

@@ -40,26 +40,24 @@ class HttpError(Exception):
         self.message = message
 
 
+# The one mapping of broker errors to nsqd's HTTP status and message: first match wins.
+_HTTP_ERRORS: tuple[tuple[type[BrokerError], int, str], ...] = (
+    (MessageTooBig, 413, "MSG_TOO_BIG"),
+    (BodyTooBig, 413, "BODY_TOO_BIG"),
+    (InvalidMessage, 400, "MSG_EMPTY"),
+    (InvalidTopic, 400, "INVALID_TOPIC"),
+    (InvalidChannel, 400, "INVALID_CHANNEL"),
+    (TopicNotFound, 404, "TOPIC_NOT_FOUND"),
+    (ChannelNotFound, 404, "CHANNEL_NOT_FOUND"),
+    (NotFound, 404, "NOT_FOUND"),
+    (Unavailable, 503, "EXITING"),
+)
+
+
 def http_error(err: BrokerError) -> HttpError:
-    """The one mapping of broker errors to nsqd's HTTP status and message."""
-    if isinstance(err, MessageTooBig):
-        return HttpError(413, "MSG_TOO_BIG")
-    if isinstance(err, BodyTooBig):
-        return HttpError(413, "BODY_TOO_BIG")
-    if isinstance(err, InvalidMessage):
-        return HttpError(400, "MSG_EMPTY")
-    if isinstance(err, InvalidTopic):
-        return HttpError(400, "INVALID_TOPIC")
-    if isinstance(err, InvalidChannel):
-        return HttpError(400, "INVALID_CHANNEL")
-    if isinstance(err, TopicNotFound):
-        return HttpError(404, "TOPIC_NOT_FOUND")
-    if isinstance(err, ChannelNotFound):
-        return HttpError(404, "CHANNEL_NOT_FOUND")
-    if isinstance(err, NotFound):
-        return HttpError(404, "NOT_FOUND")
-    if isinstance(err, Unavailable):
-        return HttpError(503, "EXITING")
+    for cls, status, message in _HTTP_ERRORS:
+        if isinstance(err, cls):
+            return HttpError(status, message)
     return HttpError(400, "INVALID_REQUEST")
 
 

@@ -53,6 +53,19 @@ def error_frame(err: BrokerError) -> bytes:
     return frame(FRAME_ERROR, f"{err.code} {err.message}".encode(errors="replace"))
 
 
+def split_frames(buf: bytes | bytearray) -> tuple[list[tuple[int, bytes]], int]:
+    """The whole frames at the start of ``buf`` as (type, data), and how many bytes
+    they take (what a client reads from the broker)."""
+    frames, pos = [], 0
+    while len(buf) - pos >= 8:
+        size, kind = FRAME_HEAD.unpack_from(buf, pos)
+        if len(buf) - pos < 4 + size:
+            break
+        frames.append((kind, bytes(buf[pos + 8:pos + 4 + size])))
+        pos += 4 + size
+    return frames, pos
+
+
 def read_line(buf: bytes | bytearray, pos: int) -> tuple[list[bytes], int]:
     """The parameters of the command line at ``pos`` (split on single spaces, a
     trailing ``\\r`` dropped, as nsqd does) and where the next thing starts."""
