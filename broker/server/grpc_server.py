@@ -19,8 +19,8 @@ from ..api import broker_pb2 as pb
 from ..api import broker_pb2_grpc as pb_grpc
 from ..consumer import Consumer
 from ..core import Broker
-from ..errors import (ERROR_CODE_METADATA, BrokerError, ChannelNotFound, Invalid, InvalidRequest,
-                      NotFound, NotInFlight, Unavailable)
+from ..errors import (ERROR_CODE_METADATA, BrokerError, ChannelNotFound, InvalidRequest, NotFound,
+                      NotInFlight, Unavailable)
 from ..message import Message
 
 log = logging.getLogger("pynsqd")
@@ -41,10 +41,7 @@ def status_of(err: BrokerError) -> grpc.StatusCode:
         return grpc.StatusCode.FAILED_PRECONDITION
     if isinstance(err, Unavailable):
         return grpc.StatusCode.UNAVAILABLE
-    if isinstance(err, Invalid):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    return grpc.StatusCode.INTERNAL if err.code == "E_INTERNAL" else \
-        grpc.StatusCode.INVALID_ARGUMENT
+    return grpc.StatusCode.INVALID_ARGUMENT      # Invalid, and anything else refused
 
 
 async def abort(context, err: BrokerError, prefix: str = "") -> None:

@@ -62,8 +62,11 @@ def http_error(err: BrokerError) -> HttpError:
 
 
 def _json_error(status: int, message: str) -> web.Response:
-    return web.json_response({"message": message}, status=status,
-                             headers={"X-NSQ-Content-Type": "nsq; version=1.0"})
+    response = web.json_response({"message": message}, status=status,
+                                 headers={"X-NSQ-Content-Type": "nsq; version=1.0"})
+    if status == 413:
+        response.force_close()   # the rest of the body is not read: end the connection
+    return response
 
 
 def is_cross_site(request: web.Request) -> bool:
@@ -267,7 +270,8 @@ class HttpApi:
     # -- serving ----------------------------------------------------------
     async def start(self, address: str) -> str:
         host, _, port = address.rpartition(":")
-        self.runner = web.AppRunner(self.app, access_log=None)
+        # After an early answer (413), read what the client still sends for 1 s at most.
+        self.runner = web.AppRunner(self.app, access_log=None, lingering_time=1.0)
         await self.runner.setup()
         site = web.TCPSite(self.runner, host, int(port), reuse_address=True)
         try:

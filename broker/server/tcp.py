@@ -31,7 +31,7 @@ from .. import __version__
 from ..consumer import Consumer
 from ..core import Broker
 from ..errors import (AuthDisabled, BodyTooBig, BrokerError, Invalid, InvalidBody,
-                      InvalidRequest, NotInFlight)
+                      InvalidRequest)
 from ..message import Message
 from ..names import check_topic_name
 from . import wire
@@ -276,8 +276,8 @@ class V2Connection(asyncio.Protocol):
         if heartbeat:
             self.heartbeat_ms = 0 if heartbeat == -1 else heartbeat
         if buffer_size:
-            # -1 (no buffering) still keeps one message's worth as the bound.
-            self.output_buffer_size = 64 if buffer_size == -1 else buffer_size
+            # -1 asks nsqd not to buffer (for latency); as a memory bound, keep the default.
+            self.output_buffer_size = DEFAULT_OUTPUT_BUFFER if buffer_size == -1 else buffer_size
             self._set_buffer_limits()
         self.msg_timeout_ms = msg_timeout
         self._schedule_heartbeat()
