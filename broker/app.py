@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from .core import TICK_INTERVAL, Broker
 from .lookupd import LookupdRegistration
@@ -19,6 +20,22 @@ from .server.tcp import TcpServer
 from .storage import Storage
 
 log = logging.getLogger("pynsqd")
+_last_accept_failure = 0.0
+
+
+def _log_accept_failures(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """At the open-file limit asyncio reports every failed ``accept`` (many per
+    second, each with a traceback) and retries a second later; the broker keeps
+    serving its connected clients meanwhile. Say it once a second, in one line."""
+    global _last_accept_failure
+    if not str(context.get("message", "")).startswith("socket.accept() out of system resource"):
+        loop.default_exception_handler(context)
+        return
+    now = time.monotonic()
+    if now - _last_accept_failure >= 1.0:
+        _last_accept_failure = now
+        log.error("cannot accept connections: %s (connected clients are still served; "
+                  "retrying)", context.get("exception"))
 
 
 class BrokerApp:
@@ -35,6 +52,7 @@ class BrokerApp:
         self._statsd: StatsdPusher | None = None
 
     async def start(self) -> None:
+        asyncio.get_running_loop().set_exception_handler(_log_accept_failures)
         if self.options.data_path:
             storage = Storage(self.broker, self.options)
             try:

@@ -13,7 +13,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Iterable
 
 from .consumer import Consumer
-from .errors import InvalidRequest, NotInFlight
+from .errors import NotInFlight
 from .message import Message
 from .names import is_ephemeral
 from .pqueue import DeadlineQueue
@@ -115,10 +115,12 @@ class Channel:
         self._ready.extendleft(reversed(held))
         self._pump()
 
+    def wake(self) -> None:
+        """A consumer that could not take messages (its transport was full) now can."""
+        self._pump()
+
     def set_rdy(self, consumer: Consumer, count: int) -> None:
-        limit = self._broker.options.max_rdy_count
-        if count < 0 or count > limit:
-            raise InvalidRequest(f"RDY {count} out of range: must be 0 to {limit} (max-rdy-count)")
+        self._broker.check_rdy(count)
         consumer.rdy = count
         self._pump()
 
@@ -223,10 +225,7 @@ class Channel:
         return len(held)
 
     def requeue(self, consumer: Consumer, msg_id: str, delay: float = 0.0) -> None:
-        limit = self._broker.options.max_req_timeout / 1000
-        if delay < 0 or delay > limit:
-            raise InvalidRequest(f"REQ delay {delay * 1000:.0f} ms out of range: "
-                                 f"must be 0 to {limit * 1000:.0f} ms (max-req-timeout)")
+        self._broker.check_delay(delay * 1000, "REQ delay")
         msg = self._held(consumer, msg_id, "REQ")
         del consumer.in_flight[msg_id]
         self._in_flight.cancel(msg)

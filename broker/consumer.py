@@ -1,8 +1,11 @@
 """A consumer of a channel, as the core sees it: a RDY count, the messages it
 holds in flight, and a callback that hands a message to its connection.
 
-The servers (gRPC, and any other protocol) create one per connection; the core
-never knows which wire it speaks.
+The servers (gRPC and TCP) create one per subscribed connection through
+``Consumer.attach`` and let go of it through ``detach``; the core never knows
+which wire it speaks. A server whose transport cannot take more (a client that
+does not read) sets ``blocked``: the channel then delivers nothing to it, its
+timed-out messages go to others, and ``unblock`` asks the channel for more.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from .message import Message
 
 if TYPE_CHECKING:
     from .channel import Channel
+    from .core import Broker
 
 _ids = itertools.count(1)
 
@@ -29,6 +33,7 @@ class Consumer:
         self.in_flight: dict[str, Message] = {}  # insertion-ordered
         self.channel: Optional["Channel"] = None
         self.closing = False                    # after CLS: receives nothing more
+        self.blocked = False                    # its transport is full: send nothing now
         self.message_count = 0
         self.finish_count = 0
         self.requeue_count = 0
@@ -37,8 +42,38 @@ class Consumer:
         # Set by a server: called when the channel is deleted under the consumer.
         self.on_evicted: Callable[[], None] | None = None
 
+    @classmethod
+    def attach(cls, broker: "Broker", topic: str, channel: str,
+               on_message: Callable[[Message], None], *, client_id: str = "",
+               msg_timeout_ms: int = 0,
+               on_evicted: Callable[[], None] | None = None) -> "Consumer":
+        """SUB: a new consumer of ``topic``/``channel``, its timeout checked and
+        capped by the broker. Raises ``InvalidTopic``, ``InvalidChannel`` or
+        ``InvalidRequest`` (timeout out of range) before anything is created."""
+        consumer = cls(on_message, client_id=client_id,
+                       msg_timeout=broker.msg_timeout(msg_timeout_ms))
+        consumer.on_evicted = on_evicted
+        broker.subscribe(consumer, topic, channel)
+        return consumer
+
+    def detach(self) -> None:
+        """The connection is gone: what it held goes back to the channel at once."""
+        channel, self.channel = self.channel, None
+        self.closing = True
+        if channel is not None and not channel.deleted:
+            channel.remove_consumer(self)
+
     def can_receive(self) -> bool:
-        return not self.closing and len(self.in_flight) < self.rdy
+        return not self.closing and not self.blocked and len(self.in_flight) < self.rdy
+
+    def block(self) -> None:
+        self.blocked = True
+
+    def unblock(self) -> None:
+        if self.blocked:
+            self.blocked = False
+            if self.channel is not None and not self.channel.deleted:
+                self.channel.wake()
 
     def deliver(self, msg: Message) -> None:
         self.in_flight[msg.id] = msg

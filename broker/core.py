@@ -86,11 +86,8 @@ class Broker:
         if defers and len(defers) != len(bodies):
             raise InvalidRequest(f"{len(defers)} defers for {len(bodies)} messages: give one "
                                  f"per message or none")
-        limit = self.options.max_req_timeout
         for d in defers:
-            if d < 0 or d > limit:
-                raise InvalidRequest(f"DPUB defer {d} ms out of range: must be 0 to "
-                                     f"{limit} ms (max-req-timeout)")
+            self.check_delay(d, "DPUB defer")
         t = self.get_or_create_topic(topic)
         now = self.clock.wall_ns()
         new_id = self.new_id
@@ -115,6 +112,23 @@ class Broker:
                 where = f"message {i}: " if len(bodies) > 1 else ""
                 raise MessageTooBig(f"{where}body of {len(body)} bytes is over the "
                                     f"max-msg-size of {limit} bytes")
+
+    # -- limits: every server checks ranges through these ----------------
+    def check_delay(self, delay_ms: float, what: str) -> None:
+        """A DPUB defer or REQ delay must be 0 to ``max-req-timeout``."""
+        limit = self.options.max_req_timeout
+        if delay_ms < 0 or delay_ms > limit:
+            raise InvalidRequest(f"{what} {delay_ms:.0f} ms out of range: must be 0 to "
+                                 f"{limit} ms (max-req-timeout)")
+
+    def clamp_delay(self, delay_ms: int) -> int:
+        """NSQ's TCP REQ: a delay out of range is clamped into it, not refused."""
+        return min(max(delay_ms, 0), self.options.max_req_timeout)
+
+    def check_rdy(self, count: int) -> None:
+        limit = self.options.max_rdy_count
+        if count < 0 or count > limit:
+            raise InvalidRequest(f"RDY {count} out of range: must be 0 to {limit} (max-rdy-count)")
 
     # -- consuming --------------------------------------------------------
     def msg_timeout(self, requested_ms: int = 0) -> float:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import resource
 import signal
 import sys
 
@@ -48,6 +49,24 @@ def options_from_args(args: argparse.Namespace) -> Options:
     return Options(**flags)
 
 
+def raise_open_file_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (as Go programs such as nsqd
+    do), so each client's socket does not run into a default of 1024. Returns the
+    soft limit in force. When ``accept`` still fails at the limit, asyncio logs
+    it, retries a moment later, and every connected client keeps being served."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as err:
+        logging.getLogger("pynsqd").warning("cannot raise the open-file limit from %d to %d: %s",
+                                            soft, target, err)
+        return soft
+    return target
+
+
 async def serve(options: Options) -> None:
     app = BrokerApp(options)
     await app.start()
@@ -69,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     logging.basicConfig(level=options.log_level.upper(), stream=sys.stderr,
                         format="[pynsqd] %(asctime)s %(levelname)s: %(message)s")
+    logging.getLogger("pynsqd").info("open-file limit: %d", raise_open_file_limit())
     try:
         asyncio.run(serve(options))
     except (OSError, DataPathLocked) as err:

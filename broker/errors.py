@@ -1,17 +1,30 @@
-"""The broker's exceptions: one class per thing that can go wrong.
+"""The broker's exceptions, grouped by meaning so callers catch what they mean.
 
-Every error carries nsqd's error code (``E_BAD_TOPIC``, ``E_FIN_FAILED``, ...)
-so that each server can speak its own wire format without guessing, and a
-message that names what was wrong.
+Families (catch these): ``Invalid`` (a request that is malformed or out of
+range), ``NotFound`` (a topic, channel or lease that does not exist),
+``NotInFlight`` (FIN/REQ/TOUCH of a message the consumer does not hold),
+``Unavailable`` (the broker is shutting down). Each concrete class carries
+nsqd's error code (``E_BAD_TOPIC``, ``E_FIN_FAILED``, ...) and whether nsqd
+treats it as fatal (the TCP connection is closed after it), so that each
+server maps an error to its wire in one place without guessing.
+
+``error_for_code(code, message)`` turns a code back into the matching
+exception, for clients that receive the code over a wire (gRPC sends it in the
+trailing metadata ``pynsq-error-code``).
 """
 
 from __future__ import annotations
+
+#: gRPC trailing-metadata key that carries ``BrokerError.code`` on every error status.
+ERROR_CODE_METADATA = "pynsq-error-code"
 
 
 class BrokerError(Exception):
     """Base class of every error the broker reports to a client."""
 
     code = "E_INVALID"
+    #: nsqd closes a TCP connection after a fatal error.
+    fatal = True
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -21,48 +34,91 @@ class BrokerError(Exception):
         return self.message
 
 
-class InvalidRequest(BrokerError):
+# -- families ------------------------------------------------------------------
+
+class Invalid(BrokerError):
+    """A request that is malformed or out of range."""
+
+    code = "E_INVALID"
+
+
+class NotFound(BrokerError):
+    """A topic, channel or lease that does not exist."""
+
+
+class Unavailable(BrokerError):
+    """The broker cannot take the request now (it is shutting down)."""
+
+
+# -- Invalid ---------------------------------------------------------------------
+
+class InvalidRequest(Invalid):
     """A request that is malformed or out of range (RDY count, delay, timeout)."""
 
     code = "E_INVALID"
 
 
-class InvalidTopic(BrokerError):
+class InvalidTopic(Invalid):
     """A topic name that breaks the naming rule."""
 
     code = "E_BAD_TOPIC"
 
 
-class InvalidChannel(BrokerError):
+class InvalidChannel(Invalid):
     """A channel name that breaks the naming rule."""
 
     code = "E_BAD_CHANNEL"
 
 
-class InvalidMessage(BrokerError):
-    """An empty body, or one over ``--max-msg-size``."""
+class InvalidMessage(Invalid):
+    """An empty message body, one over ``--max-msg-size``, or one that cannot be read."""
 
     code = "E_BAD_MESSAGE"
 
 
 class MessageTooBig(InvalidMessage):
-    """A body over ``--max-msg-size``."""
+    """A message body over ``--max-msg-size``."""
 
 
-class TopicNotFound(BrokerError):
+class InvalidBody(Invalid):
+    """A request body (MPUB, IDENTIFY, AUTH) that is malformed or of a bad size."""
+
+    code = "E_BAD_BODY"
+
+
+class BodyTooBig(InvalidBody):
+    """A request body over ``--max-body-size``."""
+
+
+class AuthDisabled(Invalid):
+    """AUTH sent to a broker that has no auth server."""
+
+    code = "E_AUTH_DISABLED"
+
+
+# -- NotFound --------------------------------------------------------------------
+
+class TopicNotFound(NotFound):
     code = "E_TOPIC_NOT_FOUND"
 
 
-class ChannelNotFound(BrokerError):
+class ChannelNotFound(NotFound):
     code = "E_CHANNEL_NOT_FOUND"
 
 
-class LeaseNotFound(BrokerError):
+class LeaseNotFound(NotFound):
     code = "E_LEASE_NOT_FOUND"
 
 
+# -- the rest --------------------------------------------------------------------
+
 class NotInFlight(BrokerError):
-    """FIN/REQ/TOUCH of a message this consumer does not hold in flight."""
+    """FIN/REQ/TOUCH of a message this consumer does not hold in flight.
+
+    Not fatal: nsqd reports it and keeps the connection.
+    """
+
+    fatal = False
 
     def __init__(self, command: str, msg_id: str, message: str) -> None:
         super().__init__(message)
@@ -71,7 +127,31 @@ class NotInFlight(BrokerError):
         self.code = f"E_{command}_FAILED"
 
 
-class Exiting(BrokerError):
+class Exiting(Unavailable):
     """The broker is shutting down."""
 
     code = "E_EXITING"
+
+
+_BY_CODE: dict[str, type[BrokerError]] = {
+    cls.code: cls for cls in (InvalidRequest, InvalidTopic, InvalidChannel, InvalidMessage,
+                              InvalidBody, AuthDisabled, TopicNotFound, ChannelNotFound,
+                              LeaseNotFound, Exiting)
+}
+
+
+def error_for_code(code: str, message: str) -> BrokerError:
+    """The exception a broker raised, rebuilt from its ``code`` and message.
+
+    ``E_FIN_FAILED`` / ``E_REQ_FAILED`` / ``E_TOUCH_FAILED`` give ``NotInFlight``;
+    an unknown code gives a plain ``BrokerError`` that keeps the code.
+    """
+    if code.startswith("E_") and code.endswith("_FAILED") and \
+            code[2:-7] in ("FIN", "REQ", "TOUCH"):
+        return NotInFlight(code[2:-7], "", message)
+    cls = _BY_CODE.get(code)
+    if cls is not None:
+        return cls(message)
+    err = BrokerError(message)
+    err.code = code
+    return err

@@ -7,11 +7,12 @@ import re
 from .errors import InvalidChannel, InvalidTopic
 
 EPHEMERAL_SUFFIX = "#ephemeral"
-_NAME = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
+_NAME = re.compile(r"[.a-zA-Z0-9_-]+(#ephemeral)?")
 
 
 def is_valid_name(name: str) -> bool:
-    return 1 <= len(name) <= 64 and _NAME.match(name) is not None
+    # fullmatch: "$" would also match before a trailing newline ("abc\n").
+    return 1 <= len(name) <= 64 and _NAME.fullmatch(name) is not None
 
 
 def is_ephemeral(name: str) -> bool:

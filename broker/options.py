@@ -60,6 +60,8 @@ class Options:
     msg_timeout: int = _duration(60_000, "default in-flight timeout of a message")
     max_msg_timeout: int = _duration(15 * 60_000, "largest timeout a consumer may ask for")
     max_msg_size: int = _opt(1024 * 1024, "largest message body, in bytes")
+    max_body_size: int = _opt(5 * 1024 * 1024, "largest request body (MPUB, gRPC request), "
+                              "in bytes")
     max_req_timeout: int = _duration(3_600_000, "largest REQ or DPUB delay")
     max_rdy_count: int = _opt(2500, "largest RDY count a consumer may give")
     log_level: str = _opt("info", "debug, info, warning or error")
@@ -78,7 +80,7 @@ class Options:
             if f.metadata.get("duration"):
                 setattr(self, f.name, parse_duration_ms(value, name=f.name.replace("_", "-")))
         for name in ("mem_queue_size", "max_msg_size", "max_rdy_count", "sync_every",
-                     "max_bytes_per_file"):
+                     "max_bytes_per_file", "max_body_size"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must not be negative")
         self.lookupd_tcp_address = _addresses(self.lookupd_tcp_address, "lookupd-tcp-address")

@@ -6,8 +6,10 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from broker import ClientError, EmbeddedBroker
+from broker import Client, ClientError, EmbeddedBroker
 from broker.api import broker_pb2 as pb
+from broker.errors import (ERROR_CODE_METADATA, BrokerError, InvalidChannel, InvalidMessage,
+                           InvalidTopic, NotInFlight, TopicNotFound, error_for_code)
 
 from .helpers import wait_for
 from .grpckit import channel_stats, collect
@@ -111,7 +113,9 @@ def test_command_on_a_message_another_consumer_holds_changes_nothing(client, bys
         assert channel_stats(client, "events", "work").in_flight_count == 1
         holder.fin(msg.id)
         wait_for(lambda: channel_stats(client, "events", "work").finish_count == 1)
-        assert holder.error(timeout=0.1) is None
+        # No error reached the holder: a sentinel error it provokes now is the first it gets.
+        holder.fin("ffffffffffffffff")
+        assert holder.error(timeout=5).id == "ffffffffffffffff"
 
 
 def test_req_delay_out_of_range_is_an_error_frame_and_the_message_stays_held(client, bystander):
@@ -137,5 +141,54 @@ def test_second_sub_on_a_stream_is_refused(client, bystander):
     sub = pb.ClientFrame(sub=pb.Sub(topic="events", channel="work"))
     with pytest.raises(grpc.RpcError) as err:
         list(client.stub.Subscribe(iter([sub, sub]), timeout=5))
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.value.code() == INVALID
     assert "SUB: this stream is already subscribed" in err.value.details()
+    assert dict(err.value.trailing_metadata())[ERROR_CODE_METADATA] == "E_INVALID"
+
+
+RAW_BAD_CALLS = [
+    ("publish to a bad topic name",
+     lambda stub: stub.Publish(pb.PublishRequest(topic="bad\n", body=b"x"), timeout=5),
+     InvalidTopic, "E_BAD_TOPIC"),
+    ("publish an empty body",
+     lambda stub: stub.Publish(pb.PublishRequest(topic="events", body=b""), timeout=5),
+     InvalidMessage, "E_BAD_MESSAGE"),
+    ("pause a missing topic",
+     lambda stub: stub.PauseTopic(pb.TopicRequest(topic="nope"), timeout=5),
+     TopicNotFound, "E_TOPIC_NOT_FOUND"),
+    ("subscribe with a bad channel name",
+     lambda stub: list(stub.Subscribe(iter([pb.ClientFrame(sub=pb.Sub(topic="t", channel="a/b"))]),
+                                      timeout=5)),
+     InvalidChannel, "E_BAD_CHANNEL"),
+]
+
+
+@pytest.mark.parametrize("call, cls, code", [r[1:] for r in RAW_BAD_CALLS],
+                         ids=[r[0] for r in RAW_BAD_CALLS])
+def test_every_error_status_carries_the_brokers_code_and_rebuilds_as_that_error(
+        client, bystander, call, cls, code):
+    with pytest.raises(grpc.RpcError) as caught:
+        call(client.stub)
+    sent = dict(caught.value.trailing_metadata())[ERROR_CODE_METADATA]
+    rebuilt = error_for_code(sent, caught.value.details())
+    assert (sent, type(rebuilt), rebuilt.message) == (code, cls, caught.value.details())
+
+
+def test_error_for_code_rebuilds_not_in_flight_and_keeps_unknown_codes():
+    assert isinstance(error_for_code("E_REQ_FAILED", "gone"), NotInFlight)
+    assert error_for_code("E_REQ_FAILED", "gone").fatal is False
+    other = error_for_code("E_SOMETHING_NEW", "why")
+    assert (type(other), other.code, other.message) == (BrokerError, "E_SOMETHING_NEW", "why")
+
+
+def test_a_request_over_max_body_size_is_refused_and_others_are_served():
+    with EmbeddedBroker(max_body_size=10_000) as broker, Client(broker.address) as client:
+        with client.subscribe("other", "watch", rdy=10) as watcher:
+            with pytest.raises(ClientError) as err:
+                client.multi_publish("events", [b"x" * 100] * 200)
+            assert err.value.status == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert [t.name for t in client.stats().topics] == ["other"]
+            assert len(client.multi_publish("events", [b"x" * 100] * 50)) == 50
+            client.publish("other", "still here")
+            [(_, msg)] = collect([watcher], 1)
+            assert msg.body == b"still here"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from broker import EmbeddedBroker
+from broker import Client, EmbeddedBroker
 
 from .helpers import wait_for
 
@@ -93,11 +93,22 @@ class Raw:
         return kind, data
 
     def closed(self) -> bool:
+        """True when the broker closed the connection (a real EOF or reset); a
+        socket timeout is not a close and fails the test."""
         try:
             self.frame()
-        except (ConnectionError, OSError):
+        except ConnectionError:
             return True
         return False
+
+    def frames_until_closed(self) -> list[tuple[int, bytes]]:
+        """Every frame up to the broker's close; a timeout (never closed) fails."""
+        frames = []
+        while True:
+            try:
+                frames.append(self.frame())
+            except ConnectionError:
+                return frames
 
 
 def mpub_body(*bodies: bytes) -> bytes:
@@ -111,7 +122,10 @@ def mpub_body(*bodies: bytes) -> bytes:
     ([("PUB bad!topic", b"x")], b"E_BAD_TOPIC"),
     ([("PUB t", b"")], b"E_BAD_MESSAGE"),
     ([("PUB t", b"x" * (1024 * 1024 + 1))], b"E_BAD_MESSAGE"),
-    ([("MPUB t", b"\x00\x00")], b"E_BAD_BODY"),
+    ([("MPUB t", b"")], b"E_BAD_BODY"),
+    ([("MPUB t", mpub_body(b"ok", b""))], b"E_BAD_MESSAGE"),
+    ([("PUB", None)], b"E_INVALID"),
+    ([("", None)], b"E_INVALID"),
     ([("MPUB t", struct.pack(">i", 0))], b"E_BAD_BODY"),
     ([("DPUB t 99999999999", b"x")], b"E_INVALID"),
     ([("SUB t ch", None), ("RDY 100000", None)], b"E_INVALID"),
@@ -127,13 +141,37 @@ def test_fatal_errors_send_nsqds_code_and_close(broker, commands, code):
     raw = Raw(broker.tcp_address)
     for line, body in commands:
         raw.send(line, body)
-    frames = []
-    while True:
-        try:
-            frames.append(raw.frame())
-        except (ConnectionError, OSError):
-            break
+    frames = raw.frames_until_closed()
     assert frames[-1][0] == 1 and frames[-1][1].startswith(code)
+
+
+@pytest.mark.parametrize("data, code", [
+    (b"PUB t\n\x00\x00", b"E_BAD_MESSAGE PUB failed to read message body size"),
+    (b"PUB t\n\x00\x00\x00\x05abc", b"E_BAD_MESSAGE PUB failed to read message body"),
+    (b"MPUB t\n\x00\x00\x00\x08\x00\x00", b"E_BAD_BODY MPUB failed to read message count"),
+    (b"MPUB t\n\x00\x00\x00\x0c\x00\x00\x00\x02\x00\x00\x00\x01x",
+     b"E_BAD_MESSAGE MPUB failed to read message(1) body size"),
+    (b"IDENTIFY\n\x00\x00\x00\x09{}", b"E_BAD_BODY IDENTIFY failed to read body"),
+])
+def test_a_command_cut_short_by_the_client_closing_gets_nsqds_error(broker, data, code):
+    raw = Raw(broker.tcp_address)
+    raw.sock.sendall(data)
+    raw.sock.shutdown(socket.SHUT_WR)
+    assert raw.frames_until_closed() == [(1, code)]
+
+
+def test_an_mpub_over_max_body_size_is_refused_before_its_body_arrives(broker, client):
+    raw = Raw(broker.tcp_address)
+    raw.sock.sendall(b"MPUB t\n" + struct.pack(">i", 5 * 1024 * 1024 + 1))
+    assert raw.frames_until_closed() == [(1, b"E_BAD_BODY MPUB body too big 5242881 > 5242880")]
+    assert client.ping() == "OK"
+
+
+def test_a_partial_command_line_at_close_gets_no_answer_as_in_nsqd(broker):
+    raw = Raw(broker.tcp_address)
+    raw.sock.sendall(b"PUB t")
+    raw.sock.shutdown(socket.SHUT_WR)
+    assert raw.frames_until_closed() == []
 
 
 def test_fin_req_touch_failures_are_reported_and_the_connection_stays(broker, client):
@@ -150,17 +188,24 @@ def test_fin_req_touch_failures_are_reported_and_the_connection_stays(broker, cl
     assert raw.frame() == (0, b"OK")
 
 
-def test_req_delay_out_of_range_is_fatal_as_in_nsqd(broker, client):
-    client.publish("t", b"x")
-    raw = Raw(broker.tcp_address)
-    raw.send("SUB t ch")
-    raw.frame()
-    raw.send("RDY 1")
-    kind, data = raw.frame()
-    msg_id = data[10:26].decode()
-    raw.send(f"REQ {msg_id} 99999999999")
-    assert raw.frame()[1].startswith(b"E_INVALID")
-    assert raw.closed()
+def test_req_delay_over_max_req_timeout_is_clamped_as_in_nsqd():
+    with EmbeddedBroker(max_req_timeout="2s") as broker, Client(broker.address) as client:
+        client.admin("channel", "create", "t", "ch")
+        client.publish("t", b"x")
+        raw = Raw(broker.tcp_address)
+        raw.send("SUB t ch")
+        raw.frame()
+        raw.send("RDY 1")
+        kind, data = raw.frame()
+        msg_id = data[10:26].decode()
+        raw.send(f"REQ {msg_id} 99999999999")
+        raw.send("PUB other", b"connection still open")
+        assert raw.frame() == (0, b"OK")
+        channel = client.stats("t").topics[0].channels[0]
+        assert (channel.requeue_count, channel.deferred_count) == (1, 1)
+        # Clamped to 2 s, not 3 years: it comes back.
+        kind, data = raw.frame()
+        assert (kind, data[10:26].decode()) == (2, msg_id)
 
 
 def test_garbage_gets_bad_protocol_and_others_keep_working(broker, client):
@@ -207,9 +252,10 @@ def test_heartbeats_are_sent_and_answered_with_nop(broker):
 
 # -- HTTP ----------------------------------------------------------------------
 
-def http(broker, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+def http(broker, method: str, path: str, body: bytes | None = None,
+         headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     request = urllib.request.Request(f"http://{broker.http_address}{path}", data=body,
-                                     method=method)
+                                     method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, response.read()
@@ -241,10 +287,19 @@ def test_http_ping_info_pub_mpub_and_stats(broker, client):
     ("POST", "/pub?topic=t", b"x" * (1024 * 1024 + 1), 413, "MSG_TOO_BIG"),
     ("POST", "/pub?topic=t", b"", 400, "MSG_EMPTY"),
     ("POST", "/pub?topic=t&defer=-5", b"x", 400, "INVALID_DEFER"),
-    ("POST", "/mpub?topic=t&binary=true", b"\x00\x00\x00\x05", 400, "INVALID_BODY"),
+    ("POST", "/pub?topic=", b"x", 400, "INVALID_TOPIC"),
+    ("POST", "/pub?topic=abc%0A", b"x", 400, "INVALID_TOPIC"),
+    ("POST", "/mpub?topic=t&binary=true", b"\x00\x00\x00\x05", 413, "BAD_MESSAGE"),
+    ("POST", "/mpub?topic=t&binary=true", b"\x00\x00\x00\x00", 413, "BAD_BODY"),
+    ("POST", "/mpub?topic=t&binary=true", b"\x00\x00\x00\x01\x00\x00\x00\x00", 413,
+     "BAD_MESSAGE"),
+    ("POST", "/mpub?topic=t", b"x" * (5 * 1024 * 1024 + 1), 413, "BODY_TOO_BIG"),
+    ("GET", "/nowhere", None, 404, "NOT_FOUND"),
+    ("GET", "/pub?topic=t", None, 405, "METHOD_NOT_ALLOWED"),
     ("POST", "/topic/pause?topic=missing", None, 404, "TOPIC_NOT_FOUND"),
     ("POST", "/channel/create?topic=t", None, 400, "MISSING_ARG_CHANNEL"),
-    ("POST", "/channel/create?topic=t&channel=bad!", None, 400, "INVALID_CHANNEL"),
+    ("POST", "/channel/create?topic=t&channel=bad!", None, 400, "INVALID_ARG_CHANNEL"),
+    ("POST", "/channel/create?topic=missing&channel=ch", None, 404, "TOPIC_NOT_FOUND"),
     ("POST", "/channel/delete?topic=t&channel=missing", None, 404, "CHANNEL_NOT_FOUND"),
 ])
 def test_http_errors_use_nsqds_status_codes_and_strings(broker, client, method, path, body,
@@ -252,6 +307,64 @@ def test_http_errors_use_nsqds_status_codes_and_strings(broker, client, method, 
     client.admin("topic", "create", "t")
     code, data = http(broker, method, path, body)
     assert (code, json.loads(data)["message"]) == (status, message)
+
+
+def test_http_stats_filters_pick_one_topic_and_one_channel(broker, client):
+    for topic in ("a", "b"):
+        for channel in ("x", "y"):
+            client.admin("channel", "create", topic, channel)
+    stats = json.loads(http(broker, "GET", "/stats?format=json&topic=b&channel=y")[1])
+    assert [(t["topic_name"], [c["channel_name"] for c in t["channels"]])
+            for t in stats["topics"]] == [("b", ["y"])]
+    stats = json.loads(http(broker, "GET", "/stats?format=json&topic=a")[1])
+    assert [(t["topic_name"], sorted(c["channel_name"] for c in t["channels"]))
+            for t in stats["topics"]] == [("a", ["x", "y"])]
+
+
+def test_http_stats_answer_text_unless_format_is_json(broker, client):
+    client.admin("topic", "create", "t")
+    status, body = http(broker, "GET", "/stats?format=yaml")
+    assert status == 200 and body.decode().startswith("pynsqd v")
+    assert json.loads(http(broker, "GET", "/stats?format=json")[1])["topics"][0]["topic_name"] == "t"
+
+
+@pytest.mark.parametrize("headers", [
+    {"Origin": "http://evil.example"},
+    {"Origin": "null"},
+    {"Sec-Fetch-Site": "cross-site"},
+    {"Sec-Fetch-Site": "same-site", "Origin": "http://other.localhost"},
+])
+def test_a_cross_origin_browser_request_that_changes_state_is_refused(broker, client, headers):
+    client.admin("topic", "create", "keep")
+    for path in ("/topic/delete?topic=keep", "/topic/create?topic=new", "/pub?topic=keep"):
+        status, body = http(broker, "POST", path, b"x", headers=headers)
+        assert (status, json.loads(body)["message"]) == (403, "CROSS_ORIGIN_REQUEST")
+    assert [t.name for t in client.stats().topics] == ["keep"]
+    assert client.stats("keep").topics[0].message_count == 0
+    assert http(broker, "GET", "/stats?format=json", headers=headers)[0] == 200
+
+
+def test_same_origin_and_non_browser_requests_change_state(broker, client):
+    same = {"Origin": f"http://{broker.http_address}", "Sec-Fetch-Site": "same-origin"}
+    assert http(broker, "POST", "/topic/create?topic=a", headers=same)[0] == 200
+    assert http(broker, "POST", "/topic/create?topic=b", headers={"Sec-Fetch-Site": "none"})[0] \
+        == 200
+    assert http(broker, "POST", "/topic/create?topic=c")[0] == 200
+    assert [t.name for t in client.stats().topics] == ["a", "b", "c"]
+
+
+def test_an_empty_tcp_or_http_address_turns_that_listener_off():
+    from broker import Client
+
+    with EmbeddedBroker(tcp_address="", http_address="") as off, Client(off.address) as client:
+        assert (off.tcp_address, off.http_address, sorted(off.app.addresses)) == ("", "",
+                                                                                 ["grpc"])
+        assert client.ping() == "OK"
+    with EmbeddedBroker(http_address="") as tcp_only:
+        assert tcp_only.tcp_address and not tcp_only.http_address
+        raw = Raw(tcp_only.tcp_address)
+        raw.send("PUB t", b"x")
+        assert raw.frame() == (0, b"OK")
 
 
 def test_http_topic_and_channel_admin(broker, client):

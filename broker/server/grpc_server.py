@@ -19,8 +19,8 @@ from ..api import broker_pb2 as pb
 from ..api import broker_pb2_grpc as pb_grpc
 from ..consumer import Consumer
 from ..core import Broker
-from ..errors import (BrokerError, ChannelNotFound, Exiting, InvalidRequest, LeaseNotFound,
-                      NotInFlight, TopicNotFound)
+from ..errors import (ERROR_CODE_METADATA, BrokerError, ChannelNotFound, InvalidRequest, NotFound,
+                      NotInFlight, Unavailable)
 from ..message import Message
 
 log = logging.getLogger("pynsqd")
@@ -28,19 +28,28 @@ log = logging.getLogger("pynsqd")
 # A delivery frame carries at most this many messages / body bytes.
 MAX_FRAME_MESSAGES = 2500
 MAX_FRAME_BYTES = 1 << 20
-# gRPC's own limit on a request or response (MPUB of many messages).
-MAX_GRPC_MESSAGE = 256 << 20
+# A consumer stream stops taking messages while this much waits to be sent.
+STREAM_BUFFER_BYTES = 2 * MAX_FRAME_BYTES
 LEASE_HEARTBEAT_SECONDS = 5.0
 
 
 def status_of(err: BrokerError) -> grpc.StatusCode:
-    if isinstance(err, (TopicNotFound, ChannelNotFound, LeaseNotFound)):
+    """The one mapping of the broker's error families to gRPC status codes."""
+    if isinstance(err, NotFound):
         return grpc.StatusCode.NOT_FOUND
     if isinstance(err, NotInFlight):
         return grpc.StatusCode.FAILED_PRECONDITION
-    if isinstance(err, Exiting):
+    if isinstance(err, Unavailable):
         return grpc.StatusCode.UNAVAILABLE
-    return grpc.StatusCode.INVALID_ARGUMENT
+    return grpc.StatusCode.INVALID_ARGUMENT      # Invalid, and anything else refused
+
+
+async def abort(context, err: BrokerError, prefix: str = "") -> None:
+    """End the call with ``err``: its status, its message, and its code in the
+    trailing metadata ``pynsq-error-code`` (``broker.errors.error_for_code``
+    rebuilds the exception from it)."""
+    await context.abort(status_of(err), prefix + str(err),
+                        trailing_metadata=((ERROR_CODE_METADATA, err.code),))
 
 
 def to_pb(msg: Message) -> pb.Message:
@@ -70,10 +79,11 @@ def columns_of(msgs: list[Message]) -> list[pb.MessageColumns]:
 
 
 class _Fatal(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+    """Ends a consumer stream with ``error``."""
+
+    def __init__(self, error: BrokerError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class BrokerService(pb_grpc.BrokerServicer):
@@ -89,7 +99,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                                        producer_id=request.producer_id,
                                        sequence=request.sequence)]
         except BrokerError as err:
-            await context.abort(status_of(err), str(err))
+            await abort(context, err)
         return pb.PublishResponse(ids=ids)
 
     async def MultiPublish(self, request: pb.MultiPublishRequest, context) -> pb.PublishResponse:
@@ -99,7 +109,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                                             producer_id=request.producer_id,
                                             sequence=request.sequence)
         except BrokerError as err:
-            await context.abort(status_of(err), str(err))
+            await abort(context, err)
         return pb.PublishResponse(ids=ids)
 
     # -- the consumer stream ---------------------------------------------
@@ -107,32 +117,51 @@ class BrokerService(pb_grpc.BrokerServicer):
         outbox: list[Message] = []
         replies: list[pb.ServerFrame] = []
         wake = asyncio.Event()
-        state: dict = {"fatal": None, "done": False}
+        state: dict = {"fatal": None, "done": False, "bytes": 0, "consumer": None,
+                       "stuck": None}
+        loop = asyncio.get_running_loop()
+        stream_task = asyncio.current_task()
+
+        def stuck_out() -> None:
+            consumer = state["consumer"]
+            log.warning("consumer %s: has not read its stream for %.1fs; disconnecting",
+                        consumer.client_id, consumer.msg_timeout)
+            stream_task.cancel()        # the finally below requeues what it held
 
         def on_message(msg: Message) -> None:
             outbox.append(msg)
+            state["bytes"] += len(msg.body)
+            # Backpressure: a client that does not read gets nothing more until
+            # what waits for it has been handed to gRPC; stuck past its message
+            # timeout, it is disconnected.
+            if state["bytes"] >= STREAM_BUFFER_BYTES or len(outbox) >= MAX_FRAME_MESSAGES:
+                consumer = state["consumer"]
+                consumer.block()
+                if state["stuck"] is None:
+                    state["stuck"] = loop.call_later(consumer.msg_timeout, stuck_out)
             wake.set()
 
         first = await context.read()
         if first is grpc.aio.EOF:
             return
         if first.WhichOneof("command") != "sub":
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"the first frame must be SUB, got {first.WhichOneof('command')}")
+            await abort(context, InvalidRequest(
+                f"the first frame must be SUB, got {first.WhichOneof('command')}"))
         sub = first.sub
-        try:
-            consumer = Consumer(on_message, client_id=sub.client_id or context.peer(),
-                                msg_timeout=self.broker.msg_timeout(sub.msg_timeout_ms))
-            channel = self.broker.subscribe(consumer, sub.topic, sub.channel)
-        except BrokerError as err:
-            await context.abort(status_of(err), f"SUB: {err}")
 
         def evicted() -> None:
-            state["fatal"] = _Fatal(grpc.StatusCode.NOT_FOUND,
-                                    f"channel {sub.topic}/{sub.channel} was deleted")
+            state["fatal"] = _Fatal(ChannelNotFound(
+                f"channel {sub.topic}/{sub.channel} was deleted"))
             wake.set()
 
-        consumer.on_evicted = evicted
+        try:
+            consumer = Consumer.attach(self.broker, sub.topic, sub.channel, on_message,
+                                       client_id=sub.client_id or context.peer(),
+                                       msg_timeout_ms=sub.msg_timeout_ms, on_evicted=evicted)
+        except BrokerError as err:
+            await abort(context, err, "SUB: ")
+        state["consumer"] = consumer
+        channel = consumer.channel
 
         async def read_commands() -> None:
             try:
@@ -166,17 +195,22 @@ class BrokerService(pb_grpc.BrokerServicer):
                         yield frame
                 if outbox:
                     msgs, outbox[:] = list(outbox), []
+                    state["bytes"] = 0
                     for frame in frames_of(msgs):
                         yield pb.ServerFrame(messages=frame)
+                    if state["stuck"] is not None:
+                        state["stuck"].cancel()
+                        state["stuck"] = None
+                    consumer.unblock()
                 if state["fatal"] is not None:
-                    fatal = state["fatal"]
-                    await context.abort(fatal.code, fatal.message)
+                    await abort(context, state["fatal"].error)
                 if state["done"]:
                     return
         finally:
+            if state["stuck"] is not None:
+                state["stuck"].cancel()
             reader.cancel()
-            if not channel.deleted:
-                channel.remove_consumer(consumer)
+            consumer.detach()
 
     def _command(self, channel, consumer: Consumer, frame: pb.ClientFrame,
                  replies: list[pb.ServerFrame]) -> None:
@@ -199,12 +233,11 @@ class BrokerService(pb_grpc.BrokerServicer):
             elif kind == "nop":
                 pass
             elif kind == "sub":
-                raise _Fatal(grpc.StatusCode.FAILED_PRECONDITION,
-                             "SUB: this stream is already subscribed")
+                raise _Fatal(InvalidRequest("SUB: this stream is already subscribed"))
             else:
-                raise _Fatal(grpc.StatusCode.INVALID_ARGUMENT, "empty command frame")
+                raise _Fatal(InvalidRequest("empty command frame"))
         except BrokerError as err:
-            raise _Fatal(status_of(err), str(err)) from None
+            raise _Fatal(err) from None
 
     @classmethod
     def _soft(cls, action, consumer: Consumer, msg_id: str,
@@ -225,7 +258,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         try:
             action(*args)
         except BrokerError as err:
-            await context.abort(status_of(err), str(err))
+            await abort(context, err)
         return pb.AdminResponse()
 
     async def CreateTopic(self, request, context):
@@ -268,7 +301,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         try:
             topics = self.broker.stats(request.topic or None, request.channel or None)
         except BrokerError as err:
-            await context.abort(status_of(err), str(err))
+            await abort(context, err)
         return pb.StatsResponse(topics=[_topic_stats(t) for t in topics],
                                 start_time=self.broker.start_time, version=__version__)
 
@@ -299,7 +332,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             lease, depth = self.broker.reserve(request.session_id, request.topic, request.channel,
                                                request.max_messages, request.msg_timeout_ms)
         except BrokerError as err:
-            await context.abort(status_of(err), str(err))
+            await abort(context, err)
         if lease is None:
             return pb.ReserveResponse(depth=depth)
         return pb.ReserveResponse(lease_id=lease.lease_id, count=len(lease.order), depth=depth)
@@ -307,13 +340,12 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def FetchLease(self, request: pb.FetchLeaseRequest, context):
         n = request.num_partitions or 1
         if request.partition >= n:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"partition {request.partition} out of range for "
-                                f"{n} partition(s)")
+            await abort(context, InvalidRequest(f"partition {request.partition} out of range "
+                                                f"for {n} partition(s)"))
         try:
             msgs = self.broker.lease(request.lease_id).slice(request.partition, n)
         except BrokerError as err:
-            await context.abort(status_of(err), str(err))
+            await abort(context, err)
         for frame in columns_of(msgs):
             yield frame
 
@@ -321,7 +353,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         try:
             count, missing = action(request.lease_ids)
         except BrokerError as err:
-            await context.abort(status_of(err), str(err))
+            await abort(context, err)
         return pb.LeaseResponse(count=count, missing=missing)
 
     async def FinishLeases(self, request, context):
@@ -366,8 +398,9 @@ async def start_grpc_server(broker: Broker, address: str) -> tuple[grpc.aio.Serv
     host, _, port = address.rpartition(":")
     server = grpc.aio.server(options=[
         ("grpc.so_reuseport", 0),
-        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),
-        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
+        # nsqd's --max-body-size bounds every request; a larger one is refused
+        # (RESOURCE_EXHAUSTED) before it is buffered whole.
+        ("grpc.max_receive_message_length", broker.options.max_body_size),
     ])
     try:
         bound_port = server.add_insecure_port(f"{host}:{port}")

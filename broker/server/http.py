@@ -1,35 +1,149 @@
 """nsqd's HTTP API (on aiohttp), so curl, nsqadmin-style tools and HTTP
 publishers work unchanged: /ping, /info, /pub, /mpub, /stats, and topic and
 channel create/delete/empty/pause/unpause, with nsqd's status codes and error
-strings (``{"message": "MISSING_ARG_TOPIC"}``)."""
+bodies (``{"message": "MISSING_ARG_TOPIC"}``), checked in nsqd's order.
+
+Browser safety: a request that changes state (anything but GET, HEAD and
+OPTIONS) sent by a browser on behalf of another site is refused with 403
+``CROSS_ORIGIN_REQUEST``: ``Sec-Fetch-Site`` other than ``same-origin`` or
+``none``, or an ``Origin`` whose host is not the one addressed. Clients that
+are not browsers (curl, NSQ's libraries) send neither header and are served.
+"""
 
 from __future__ import annotations
 
-import json
 import socket
-import struct
 import time
+from typing import Awaitable, Callable
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from .. import __version__
 from ..core import Broker
-from ..errors import (ChannelNotFound, InvalidChannel, InvalidMessage, InvalidTopic,
-                      MessageTooBig, TopicNotFound)
+from ..errors import (BodyTooBig, BrokerError, ChannelNotFound, InvalidBody, InvalidChannel,
+                      InvalidMessage, InvalidTopic, MessageTooBig, NotFound, TopicNotFound,
+                      Unavailable)
 from ..names import is_valid_name
+from .wire import parse_mpub
 
-SIZE = struct.Struct(">i")
+_SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+_BOOL = {"true": True, "1": True, "false": False, "0": False}
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"message": message}, status=status)
+class HttpError(Exception):
+    """An answer other than 200: nsqd's status and message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+# The one mapping of broker errors to nsqd's HTTP status and message: first match wins.
+_HTTP_ERRORS: tuple[tuple[type[BrokerError], int, str], ...] = (
+    (MessageTooBig, 413, "MSG_TOO_BIG"),
+    (BodyTooBig, 413, "BODY_TOO_BIG"),
+    (InvalidMessage, 400, "MSG_EMPTY"),
+    (InvalidTopic, 400, "INVALID_TOPIC"),
+    (InvalidChannel, 400, "INVALID_CHANNEL"),
+    (TopicNotFound, 404, "TOPIC_NOT_FOUND"),
+    (ChannelNotFound, 404, "CHANNEL_NOT_FOUND"),
+    (NotFound, 404, "NOT_FOUND"),
+    (Unavailable, 503, "EXITING"),
+)
+
+
+def http_error(err: BrokerError) -> HttpError:
+    for cls, status, message in _HTTP_ERRORS:
+        if isinstance(err, cls):
+            return HttpError(status, message)
+    return HttpError(400, "INVALID_REQUEST")
+
+
+def _json_error(status: int, message: str) -> web.Response:
+    response = web.json_response({"message": message}, status=status,
+                                 headers={"X-NSQ-Content-Type": "nsq; version=1.0"})
+    if status == 413:
+        response.force_close()   # the rest of the body is not read: end the connection
+    return response
+
+
+def is_cross_site(request: web.Request) -> bool:
+    """A browser's request made by another site's page."""
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None:
+        return site not in ("same-origin", "none")
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return False
+    return origin == "null" or urlsplit(origin).netloc.lower() != request.host.lower()
+
+
+@web.middleware
+async def _nsqd_answers(request: web.Request,
+                        handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                        ) -> web.StreamResponse:
+    if request.method not in _SAFE_METHODS and is_cross_site(request):
+        return _json_error(403, "CROSS_ORIGIN_REQUEST")
+    try:
+        return await handler(request)
+    except HttpError as err:
+        return _json_error(err.status, err.message)
+    except BrokerError as err:
+        mapped = http_error(err)
+        return _json_error(mapped.status, mapped.message)
+    except web.HTTPMethodNotAllowed:
+        return _json_error(405, "METHOD_NOT_ALLOWED")
+    except web.HTTPNotFound:
+        return _json_error(404, "NOT_FOUND")
+
+
+async def _read_at_most(request: web.Request, limit: int) -> bytes | None:
+    """The body, or None when it is longer than ``limit`` (read no further)."""
+    chunks, total = [], 0
+    async for chunk in request.content.iter_any():
+        total += len(chunk)
+        if total > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _arg(request: web.Request, key: str, missing: str) -> str:
+    """A query argument that must be present (it may be empty)."""
+    value = request.query.get(key)
+    if value is None:
+        raise HttpError(400, missing)
+    return value
+
+
+def _topic(request: web.Request) -> str:
+    """nsqd's getTopicFromQuery: MISSING_ARG_TOPIC, or INVALID_TOPIC for a bad name."""
+    topic = _arg(request, "topic", "MISSING_ARG_TOPIC")
+    if not is_valid_name(topic):
+        raise HttpError(400, "INVALID_TOPIC")
+    return topic
+
+
+def _topic_and_channel(request: web.Request) -> tuple[str, str]:
+    """nsqd's GetTopicChannelArgs, for the /channel endpoints."""
+    topic = _arg(request, "topic", "MISSING_ARG_TOPIC")
+    if not is_valid_name(topic):
+        raise HttpError(400, "INVALID_ARG_TOPIC")
+    channel = _arg(request, "channel", "MISSING_ARG_CHANNEL")
+    if not is_valid_name(channel):
+        raise HttpError(400, "INVALID_ARG_CHANNEL")
+    return topic, channel
 
 
 class HttpApi:
     def __init__(self, broker: Broker, addresses: dict[str, str]) -> None:
         self.broker = broker
         self.addresses = addresses  # filled in as servers bind: grpc, tcp, http
-        self.app = web.Application(client_max_size=max(5 << 20, broker.options.max_msg_size * 5))
+        # Bodies are read with their own limits (below), never whole beyond them.
+        self.app = web.Application(middlewares=[_nsqd_answers],
+                                   client_max_size=broker.options.max_body_size + 1)
         r = self.app.router
         r.add_get("/ping", self.ping)
         r.add_get("/info", self.info)
@@ -44,24 +158,6 @@ class HttpApi:
             r.add_post(f"/channel/{action}", self._channel_action(action))
         self.runner: web.AppRunner | None = None
         self._metrics = None  # built on the first scrape
-
-    # -- arguments --------------------------------------------------------
-    @staticmethod
-    def _name(request: web.Request, key: str) -> str:
-        """A topic or channel argument, or nsqd's 400: MISSING_ARG_X / INVALID_X."""
-        value = request.query.get(key)
-        problem = ("MISSING_ARG_" if not value else
-                   "INVALID_" if not is_valid_name(value) else None)
-        if problem:
-            raise web.HTTPBadRequest(text=json.dumps({"message": problem + key.upper()}),
-                                     content_type="application/json")
-        return value
-
-    def _topic(self, request: web.Request) -> str:
-        return self._name(request, "topic")
-
-    def _channel(self, request: web.Request) -> str:
-        return self._name(request, "channel")
 
     # -- handlers ---------------------------------------------------------
     async def ping(self, request: web.Request) -> web.Response:
@@ -79,42 +175,54 @@ class HttpApi:
             "start_time": self.broker.start_time})
 
     async def pub(self, request: web.Request) -> web.Response:
-        topic = self._topic(request)
-        body = await request.read()
-        defer = request.query.get("defer")
+        limit = self.broker.options.max_msg_size
+        if (request.content_length or 0) > limit:
+            raise HttpError(413, "MSG_TOO_BIG")
+        body = await _read_at_most(request, limit)
+        if body is None:
+            raise HttpError(413, "MSG_TOO_BIG")
+        if not body:
+            raise HttpError(400, "MSG_EMPTY")
+        topic = _topic(request)
+        self.broker.get_or_create_topic(topic)   # as nsqd: the topic exists from here on
         defer_ms = 0
+        defer = request.query.get("defer")
         if defer is not None:
             try:
                 defer_ms = int(defer)
             except ValueError:
-                return _error(400, "INVALID_DEFER")
-            if not 0 <= defer_ms <= self.broker.options.max_req_timeout:
-                return _error(400, "INVALID_DEFER")
-        return self._publish(topic, [body], defer_ms)
+                raise HttpError(400, "INVALID_DEFER") from None
+            try:
+                self.broker.check_delay(defer_ms, "DPUB defer")
+            except BrokerError:
+                raise HttpError(400, "INVALID_DEFER") from None
+        self.broker.publish(topic, body, defer_ms=defer_ms)
+        return web.Response(text="OK")
 
     async def mpub(self, request: web.Request) -> web.Response:
-        topic = self._topic(request)
-        body = await request.read()
-        if request.query.get("binary") in ("true", "1"):
-            bodies = _binary_bodies(body)
-            if bodies is None:
-                return _error(400, "INVALID_BODY")
+        opts = self.broker.options
+        if (request.content_length or 0) > opts.max_body_size:
+            raise HttpError(413, "BODY_TOO_BIG")
+        topic = _topic(request)
+        self.broker.get_or_create_topic(topic)   # as nsqd: the topic exists from here on
+        binary = request.query.get("binary")
+        body = await _read_at_most(request, opts.max_body_size)
+        if body is None:
+            raise HttpError(413, "BODY_TOO_BIG")
+        if binary is not None and _BOOL.get(binary, True):
+            try:
+                bodies = parse_mpub(body, max_msg_size=opts.max_msg_size,
+                                    max_body_size=opts.max_body_size)
+            except (InvalidBody, InvalidMessage) as err:
+                # nsqd answers a bad binary body with 413 and the code without "E_".
+                raise HttpError(413, err.code[2:]) from None
         else:
+            # Empty lines are skipped, as nsqd does.
             bodies = [line for line in body.split(b"\n") if line]
-        if not bodies:
-            return _error(400, "MSG_EMPTY")
-        return self._publish(topic, bodies, 0)
-
-    def _publish(self, topic: str, bodies: list[bytes], defer_ms: int) -> web.Response:
-        try:
-            self.broker.multi_publish(topic, bodies, defer_ms=[defer_ms] * len(bodies)
-                                      if defer_ms else ())
-        except MessageTooBig:
-            return _error(413, "MSG_TOO_BIG")
-        except InvalidMessage:
-            return _error(400, "MSG_EMPTY")
-        except InvalidTopic:
-            return _error(400, "INVALID_TOPIC")
+            if any(len(b) > opts.max_msg_size for b in bodies):
+                raise HttpError(413, "MSG_TOO_BIG")
+        if bodies:   # nsqd answers OK to a body without messages
+            self.broker.multi_publish(topic, bodies)
         return web.Response(text="OK")
 
     async def stats(self, request: web.Request) -> web.Response:
@@ -126,7 +234,7 @@ class HttpApi:
             topics = self.broker.stats(topic, channel)
         data = {"version": __version__, "health": "OK", "start_time": self.broker.start_time,
                 "topics": [_topic_json(t) for t in topics], "producers": []}
-        if request.query.get("format") == "text":
+        if request.query.get("format") != "json":   # nsqd: text unless format=json
             return web.Response(text=_stats_text(data))
         return web.json_response(data)
 
@@ -141,42 +249,41 @@ class HttpApi:
 
     def _topic_action(self, action: str):
         async def handle(request: web.Request) -> web.Response:
-            name = self._topic(request)
-            try:
-                if action == "create":
-                    self.broker.get_or_create_topic(name)
-                elif action == "delete":
+            if action == "create":
+                self.broker.get_or_create_topic(_topic(request))
+            else:
+                name = _arg(request, "topic", "MISSING_ARG_TOPIC")
+                if action == "empty" and not is_valid_name(name):
+                    raise HttpError(400, "INVALID_TOPIC")
+                # nsqd checks no name for delete/pause: a bad one is simply not found.
+                topic = self.broker.topics.get(name)
+                if topic is None:
+                    raise HttpError(404, "TOPIC_NOT_FOUND")
+                if action == "delete":
                     self.broker.delete_topic(name)
                 else:
-                    getattr(self.broker.topic(name), action)()
-            except TopicNotFound:
-                return _error(404, "TOPIC_NOT_FOUND")
+                    getattr(topic, action)()
             return web.Response(text="")
         return handle
 
     def _channel_action(self, action: str):
         async def handle(request: web.Request) -> web.Response:
-            topic, channel = self._topic(request), self._channel(request)
-            try:
-                if action == "create":
-                    self.broker.create_channel(topic, channel)
-                elif action == "delete":
-                    self.broker.delete_channel(topic, channel)
-                else:
-                    getattr(self.broker.channel(topic, channel), action)()
-            except TopicNotFound:
-                return _error(404, "TOPIC_NOT_FOUND")
-            except ChannelNotFound:
-                return _error(404, "CHANNEL_NOT_FOUND")
-            except InvalidChannel:
-                return _error(400, "INVALID_CHANNEL")
+            topic, channel = _topic_and_channel(request)
+            self.broker.topic(topic)   # TOPIC_NOT_FOUND first, as nsqd
+            if action == "create":
+                self.broker.create_channel(topic, channel)
+            elif action == "delete":
+                self.broker.delete_channel(topic, channel)
+            else:
+                getattr(self.broker.channel(topic, channel), action)()
             return web.Response(text="")
         return handle
 
     # -- serving ----------------------------------------------------------
     async def start(self, address: str) -> str:
         host, _, port = address.rpartition(":")
-        self.runner = web.AppRunner(self.app, access_log=None)
+        # After an early answer (413), read what the client still sends for 1 s at most.
+        self.runner = web.AppRunner(self.app, access_log=None, lingering_time=1.0)
         await self.runner.setup()
         site = web.TCPSite(self.runner, host, int(port), reuse_address=True)
         try:
@@ -191,22 +298,6 @@ class HttpApi:
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
-
-
-def _binary_bodies(body: bytes) -> list[bytes] | None:
-    if len(body) < 4:
-        return None
-    (count,) = SIZE.unpack_from(body, 0)
-    bodies, pos = [], 4
-    for _ in range(count):
-        if pos + 4 > len(body):
-            return None
-        (size,) = SIZE.unpack_from(body, pos)
-        if size < 0 or pos + 4 + size > len(body):
-            return None
-        bodies.append(body[pos + 4:pos + 4 + size])
-        pos += 4 + size
-    return bodies
 
 
 def _latency(values: list[tuple[float, float]], count: int) -> dict:

@@ -1,17 +1,21 @@
 """NSQ's TCP protocol V2, so NSQ's own clients and tools work unchanged.
 
-The wire, as nsqd speaks it: the client sends the magic ``"  V2"``, then
+The wire (``wire.py``): the client sends the magic ``"  V2"``, then
 newline-terminated commands, some followed by a size-prefixed body; the broker
-answers with frames ``[size][type][data]`` (big-endian; type 0 response,
-1 error, 2 message), a message being ``[int64 ns timestamp][uint16 attempts]
-[16-byte hex id][body]``.
+answers with frames ``[size][type][data]``.
 
 Supported: IDENTIFY (with ``feature_negotiation``; heartbeats, ``msg_timeout``,
 output buffer settings), SUB, PUB, MPUB, DPUB, RDY, FIN, REQ, TOUCH, CLS, NOP.
 Declined in the IDENTIFY reply: TLS, snappy and deflate. AUTH answers
-``E_AUTH_DISABLED``. As in nsqd, FIN/REQ/TOUCH failures are reported and the
-connection stays open; other errors are sent and the connection is closed.
-Output is written once per event-loop pass, however many frames are pending.
+``E_AUTH_DISABLED``. Errors are nsqd's, checked in nsqd's order; fatal ones
+(all but FIN/REQ/TOUCH failures) are sent and the connection is closed. When a
+client closes its side mid-command, it gets the error nsqd gives for the
+truncation.
+
+Backpressure: output is written once per event-loop pass. A consumer whose
+unsent output passes its ``output_buffer_size`` (or whose socket stops taking
+data) gets nothing more until it drains; one stuck that way longer than its
+message timeout is disconnected, and what it held goes back to the channel.
 """
 
 from __future__ import annotations
@@ -20,47 +24,40 @@ import asyncio
 import json
 import logging
 import socket
-import struct
 import time
+from typing import Callable
 
 from .. import __version__
 from ..consumer import Consumer
 from ..core import Broker
-from ..errors import BrokerError, InvalidChannel, InvalidTopic, MessageTooBig, NotInFlight
+from ..errors import (AuthDisabled, BodyTooBig, BrokerError, Invalid, InvalidBody,
+                      InvalidRequest)
 from ..message import Message
+from ..names import check_topic_name
+from . import wire
+from .wire import (FRAME_RESPONSE, MAGIC_V2, Incomplete, LineTooLong, base10, error_frame,
+                   frame, message_id)
 
 log = logging.getLogger("pynsqd")
 
-MAGIC_V2 = b"  V2"
-FRAME_RESPONSE, FRAME_ERROR, FRAME_MESSAGE = 0, 1, 2
-FRAME_HEAD = struct.Struct(">ii")
-MESSAGE_HEAD = struct.Struct(">iiqH")   # size, type, timestamp, attempts
-SIZE = struct.Struct(">i")
 DEFAULT_HEARTBEAT_MS = 30_000
 MAX_HEARTBEAT_MS = 60_000
-MAX_LINE = 1024
-
-
-def frame(kind: int, data: bytes) -> bytes:
-    return FRAME_HEAD.pack(len(data) + 4, kind) + data
-
+DEFAULT_OUTPUT_BUFFER = 16 * 1024
+MAX_OUTPUT_BUFFER = 64 * 1024
+MIN_OUTPUT_BUFFER_TIMEOUT_MS, MAX_OUTPUT_BUFFER_TIMEOUT_MS = 25, 30_000
 
 OK = frame(FRAME_RESPONSE, b"OK")
 HEARTBEAT = frame(FRAME_RESPONSE, b"_heartbeat_")
 CLOSE_WAIT = frame(FRAME_RESPONSE, b"CLOSE_WAIT")
 
 
-class ProtocolError(Exception):
-    """An nsqd error: ``code`` and text; ``fatal`` ones close the connection."""
-
-    def __init__(self, code: str, text: str, fatal: bool = True) -> None:
-        super().__init__(f"{code} {text}")
-        self.code = code
-        self.fatal = fatal
-
-
-class _NeedMore(Exception):
-    """The buffer ends inside a command."""
+def _json_int(data: dict, key: str) -> int:
+    value = data.get(key, 0)
+    if value is None:
+        return 0
+    if type(value) is not int:
+        raise InvalidBody(f"IDENTIFY failed to decode JSON body: {key} is not an integer")
+    return value
 
 
 class V2Connection(asyncio.Protocol):
@@ -71,15 +68,18 @@ class V2Connection(asyncio.Protocol):
         self.buf = bytearray()
         self.magic_seen = False
         self.out: list[bytes] = []
+        self.out_bytes = 0
         self.flush_scheduled = False
+        self.write_paused = False
         self.closing = False
         self.consumer: Consumer | None = None
-        self.channel = None
         self.client_id = ""
         self.msg_timeout_ms = 0
+        self.output_buffer_size = DEFAULT_OUTPUT_BUFFER
         self.heartbeat_ms = DEFAULT_HEARTBEAT_MS
         self.last_read = time.monotonic()
         self._heartbeat: asyncio.TimerHandle | None = None
+        self._stuck: asyncio.TimerHandle | None = None
         self.loop = asyncio.get_running_loop()
 
     # -- asyncio ----------------------------------------------------------
@@ -88,6 +88,7 @@ class V2Connection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._set_buffer_limits()
         peer = transport.get_extra_info("peername")
         self.client_id = f"{peer[0]}:{peer[1]}" if peer else "tcp"
         self.server.connections.add(self)
@@ -96,41 +97,81 @@ class V2Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self.server.connections.discard(self)
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-        if self.consumer is not None and self.channel is not None and not self.channel.deleted:
-            self.channel.remove_consumer(self.consumer)
+        for timer in (self._heartbeat, self._stuck):
+            if timer is not None:
+                timer.cancel()
+        if self.consumer is not None:
+            self.consumer.detach()
         self.consumer = None
 
     def data_received(self, data: bytes) -> None:
         self.last_read = time.monotonic()
         self.buf += data
-        try:
-            self._process()
-        except ProtocolError as err:
-            self._error(err)
+        self._process(final=False)
+
+    def eof_received(self) -> bool:
+        self._process(final=True)
+        self._close()
+        return False
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        if self.consumer is not None:
+            self.consumer.block()
+        if self._stuck is None:
+            self._stuck = self.loop.call_later(self._stuck_after(), self._stuck_out)
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self._stuck is not None:
+            self._stuck.cancel()
+            self._stuck = None
+        if self.consumer is not None and self.out_bytes < self.output_buffer_size:
+            self.consumer.unblock()
 
     # -- output -----------------------------------------------------------
     def send(self, data: bytes) -> None:
         self.out.append(data)
+        self.out_bytes += len(data)
         if not self.flush_scheduled:
             self.flush_scheduled = True
             self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self.flush_scheduled = False
-        if self.out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(b"".join(self.out))
+        data = b"".join(self.out)
         self.out.clear()
+        self.out_bytes = 0
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+        if self.consumer is not None and not self.write_paused:
+            self.consumer.unblock()
 
     def _on_message(self, msg: Message) -> None:
-        body = msg.body
-        self.send(MESSAGE_HEAD.pack(len(body) + 30, FRAME_MESSAGE, msg.timestamp, msg.attempts)
-                  + msg.id.encode() + body)
+        self.send(wire.message_frame(msg.id, msg.body, msg.timestamp, msg.attempts))
+        if self.out_bytes >= self.output_buffer_size and self.consumer is not None:
+            self.consumer.block()   # until this pass's output is handed to the socket
 
-    def _error(self, err: ProtocolError) -> None:
-        self.send(frame(FRAME_ERROR, str(err).encode()))
+    def _set_buffer_limits(self) -> None:
+        if self.transport is not None:
+            self.transport.set_write_buffer_limits(high=self.output_buffer_size)
+
+    def _stuck_after(self) -> float:
+        return self.msg_timeout_ms / 1000 if self.msg_timeout_ms else \
+            self.broker.options.msg_timeout / 1000
+
+    def _stuck_out(self) -> None:
+        self._stuck = None
+        log.warning("TCP client %s: has not read its output for %.1fs; disconnecting",
+                    self.client_id, self._stuck_after())
+        self.closing = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _error(self, err: BrokerError) -> None:
+        self.send(error_frame(err))
         if err.fatal:
+            log.info("TCP client %s: %s %s", self.client_id, err.code, err.message)
             self._close()
 
     def _close(self) -> None:
@@ -159,13 +200,15 @@ class V2Connection(asyncio.Protocol):
         self._schedule_heartbeat()
 
     # -- parsing ----------------------------------------------------------
-    def _process(self) -> None:
+    def _process(self, final: bool) -> None:
+        """Run every whole command in the buffer. ``final``: the client closed its
+        side, so a command cut short gets nsqd's error for what is missing."""
         buf = self.buf
         if not self.magic_seen:
             if len(buf) < 4:
                 return
             if bytes(buf[:4]) != MAGIC_V2:
-                self.send(frame(FRAME_ERROR, b"E_BAD_PROTOCOL"))
+                self.send(frame(wire.FRAME_ERROR, b"E_BAD_PROTOCOL"))
                 self._close()
                 return
             del buf[:4]
@@ -173,230 +216,234 @@ class V2Connection(asyncio.Protocol):
         pos = 0
         try:
             while not self.closing:
-                end = buf.find(b"\n", pos)
-                if end < 0:
-                    if len(buf) - pos > MAX_LINE:
-                        raise ProtocolError("E_INVALID", "command line too long")
-                    break
-                line = bytes(buf[pos:end]).rstrip(b"\r")
+                params, line_end = wire.read_line(buf, pos)
                 try:
-                    pos = self._command(line, end + 1)
-                except ProtocolError as err:
-                    if err.fatal:
-                        raise
-                    self._error(err)  # FIN/REQ/TOUCH of a message not held: go on
-                    pos = end + 1
-        except _NeedMore:
-            pass
+                    pos = self._command(params, line_end)
+                except BrokerError as err:
+                    self._error(err)
+                    pos = line_end   # only FIN/REQ/TOUCH failures go on; they have no body
+        except Incomplete as short:
+            if final and short.error is not None:
+                self._error(short.error)
+            elif len(buf) - pos > self.server.max_pending:
+                self._error(BodyTooBig(f"request over max-body-size "
+                                       f"{self.broker.options.max_body_size}"))
+        except LineTooLong:
+            log.info("TCP client %s: command line over %d bytes; closing", self.client_id,
+                     wire.MAX_LINE)
+            self._close()
         finally:
             del buf[:pos]
 
-    def _body(self, start: int) -> tuple[bytes, int]:
-        """The size-prefixed body at ``start``; raises _NeedMore until it is all here."""
-        buf = self.buf
-        if len(buf) < start + 4:
-            raise _NeedMore
-        (size,) = SIZE.unpack_from(buf, start)
-        if size < 0 or size > self.server.max_body_size:
-            raise ProtocolError("E_BAD_BODY", f"body size {size} is invalid")
-        if len(buf) < start + 4 + size:
-            raise _NeedMore
-        return bytes(buf[start + 4:start + 4 + size]), start + 4 + size
-
-    def _command(self, line: bytes, after: int) -> int:
+    def _command(self, params: list[bytes], pos: int) -> int:
         """Run one command; return where the next one starts."""
-        parts = line.split(b" ")
-        name = parts[0]
-        args = [p.decode(errors="replace") for p in parts[1:]]
-        if name == b"FIN":
-            self._fin(args)
-        elif name == b"RDY":
-            self._rdy(args)
-        elif name == b"PUB":
-            body, after = self._body(after)
-            self._pub(args, [body], 0, "PUB")
-        elif name == b"MPUB":
-            body, after = self._body(after)
-            self._pub(args, self._split_mpub(body), 0, "MPUB")
-        elif name == b"DPUB":
-            body, after = self._body(after)
-            self._dpub(args, body)
-        elif name == b"REQ":
-            self._req(args)
-        elif name == b"TOUCH":
-            self._touch(args)
-        elif name == b"NOP":
-            pass
-        elif name == b"SUB":
-            self._sub(args)
-        elif name == b"IDENTIFY":
-            body, after = self._body(after)
-            self._identify(body)
-        elif name == b"CLS":
-            if self.consumer is None:
-                raise ProtocolError("E_INVALID", "cannot CLS in current state")
-            self.consumer.closing = True
-            self.send(CLOSE_WAIT)
-        elif name == b"AUTH":
-            body, after = self._body(after)
-            raise ProtocolError("E_AUTH_DISABLED", "AUTH disabled")
-        elif not name:
-            pass
-        else:
-            raise ProtocolError("E_INVALID", f"invalid command {name.decode(errors='replace')}")
-        return after
+        handler = _COMMANDS.get(params[0])
+        if handler is None:
+            raise InvalidRequest(f"invalid command {params[0].decode(errors='replace')}")
+        return handler(self, params, pos)
 
     # -- commands ---------------------------------------------------------
-    def _identify(self, body: bytes) -> None:
+    def _identify(self, params: list[bytes], pos: int) -> int:
+        if self.consumer is not None:
+            raise InvalidRequest("cannot IDENTIFY in current state")
+        opts = self.broker.options
+        body, pos = wire.read_body(self.buf, pos, "IDENTIFY", max_size=opts.max_body_size)
         try:
             data = json.loads(body)
-            if not isinstance(data, dict):
-                raise ValueError("not an object")
         except ValueError as err:
-            raise ProtocolError("E_BAD_BODY", f"IDENTIFY failed to decode JSON body: {err}")
-        opts = self.broker.options
-        self.client_id = str(data.get("client_id") or self.client_id)
-        try:
-            heartbeat = int(data.get("heartbeat_interval", 0) or 0)
-            msg_timeout = int(data.get("msg_timeout", 0) or 0)
-            buffer_size = int(data.get("output_buffer_size", 16384) or 16384)
-            buffer_timeout = int(data.get("output_buffer_timeout", 250) or 250)
-        except (TypeError, ValueError) as err:
-            raise ProtocolError("E_BAD_BODY", f"IDENTIFY has a field that is not a number: {err}")
-        if heartbeat == -1:
-            self.heartbeat_ms = 0
-        elif heartbeat:
-            if not 1000 <= heartbeat <= MAX_HEARTBEAT_MS:
-                raise ProtocolError("E_BAD_BODY", f"IDENTIFY heartbeat interval ({heartbeat}) "
-                                    f"is invalid")
-            self.heartbeat_ms = heartbeat
+            raise InvalidBody(f"IDENTIFY failed to decode JSON body: {err}") from None
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise InvalidBody("IDENTIFY failed to decode JSON body: not an object")
+        heartbeat = _json_int(data, "heartbeat_interval")
+        buffer_size = _json_int(data, "output_buffer_size")
+        buffer_timeout = _json_int(data, "output_buffer_timeout")
+        sample_rate = _json_int(data, "sample_rate")
+        msg_timeout = _json_int(data, "msg_timeout")
+        if heartbeat not in (-1, 0) and not 1000 <= heartbeat <= MAX_HEARTBEAT_MS:
+            raise InvalidBody(f"IDENTIFY heartbeat interval ({heartbeat}) is invalid")
+        if buffer_timeout not in (-1, 0) and not (
+                MIN_OUTPUT_BUFFER_TIMEOUT_MS <= buffer_timeout <= MAX_OUTPUT_BUFFER_TIMEOUT_MS):
+            raise InvalidBody(f"IDENTIFY output buffer timeout ({buffer_timeout}) is invalid")
+        if buffer_size not in (-1, 0) and not 64 <= buffer_size <= MAX_OUTPUT_BUFFER:
+            raise InvalidBody(f"IDENTIFY output buffer size ({buffer_size}) is invalid")
+        if not 0 <= sample_rate <= 99:
+            raise InvalidBody(f"IDENTIFY sample rate ({sample_rate}) is invalid")
         if msg_timeout and not 1000 <= msg_timeout <= opts.max_msg_timeout:
-            raise ProtocolError("E_BAD_BODY", f"IDENTIFY msg timeout ({msg_timeout}) is invalid")
+            raise InvalidBody(f"IDENTIFY msg timeout ({msg_timeout}) is invalid")
+        self.client_id = str(data.get("client_id") or self.client_id)
+        if heartbeat:
+            self.heartbeat_ms = 0 if heartbeat == -1 else heartbeat
+        if buffer_size:
+            # -1 asks nsqd not to buffer (for latency); as a memory bound, keep the default.
+            self.output_buffer_size = DEFAULT_OUTPUT_BUFFER if buffer_size == -1 else buffer_size
+            self._set_buffer_limits()
         self.msg_timeout_ms = msg_timeout
         self._schedule_heartbeat()
         if not data.get("feature_negotiation"):
             self.send(OK)
-            return
+            return pos
         self.send(frame(FRAME_RESPONSE, json.dumps({
             "max_rdy_count": opts.max_rdy_count, "version": __version__,
             "max_msg_timeout": opts.max_msg_timeout,
             "msg_timeout": msg_timeout or opts.msg_timeout,
             "tls_v1": False, "deflate": False, "deflate_level": 0, "max_deflate_level": 0,
             "snappy": False, "sample_rate": 0, "auth_required": False,
-            "output_buffer_size": buffer_size, "output_buffer_timeout": buffer_timeout,
+            "output_buffer_size": self.output_buffer_size,
+            "output_buffer_timeout": buffer_timeout or 250,
         }).encode()))
+        return pos
 
-    def _sub(self, args: list[str]) -> None:
+    def _sub(self, params: list[bytes], pos: int) -> int:
         if self.consumer is not None:
-            raise ProtocolError("E_INVALID", "cannot SUB in current state")
-        if len(args) < 2:
-            raise ProtocolError("E_INVALID", "SUB insufficient number of parameters")
-        topic, channel = args[0], args[1]
-        consumer = Consumer(self._on_message, client_id=self.client_id,
-                            msg_timeout=self.broker.msg_timeout(self.msg_timeout_ms))
-        consumer.on_evicted = self._evicted
+            raise InvalidRequest("cannot SUB in current state")
+        if self.heartbeat_ms <= 0:
+            raise InvalidRequest("cannot SUB with heartbeats disabled")
+        if len(params) < 3:
+            raise InvalidRequest("SUB insufficient number of parameters")
+        topic, channel = params[1].decode(errors="replace"), params[2].decode(errors="replace")
         try:
-            self.channel = self.broker.subscribe(consumer, topic, channel)
-        except InvalidTopic:
-            raise ProtocolError("E_BAD_TOPIC", f"SUB topic name {topic!r} is not valid")
-        except InvalidChannel:
-            raise ProtocolError("E_BAD_CHANNEL", f"SUB channel name {channel!r} is not valid")
-        self.consumer = consumer
+            self.consumer = Consumer.attach(self.broker, topic, channel, self._on_message,
+                                            client_id=self.client_id,
+                                            msg_timeout_ms=self.msg_timeout_ms,
+                                            on_evicted=self._evicted)
+        except Invalid as err:
+            err.message = f"SUB {err.message}"
+            raise
         self.send(OK)
+        return pos
 
-    def _rdy(self, args: list[str]) -> None:
-        if self.consumer is None or self.channel is None:
-            raise ProtocolError("E_INVALID", "cannot RDY in current state")
+    def _rdy(self, params: list[bytes], pos: int) -> int:
+        consumer = self.consumer
+        if consumer is not None and consumer.closing:
+            return pos                       # nsqd ignores RDY after CLS
+        if consumer is None or consumer.channel is None:
+            raise InvalidRequest("cannot RDY in current state")
+        count = 1
+        if len(params) > 1:
+            try:
+                count = base10(params[1])
+            except ValueError:
+                raise InvalidRequest(f"RDY could not parse count "
+                                     f"{params[1].decode(errors='replace')}") from None
+        consumer.channel.set_rdy(consumer, count)
+        return pos
+
+    def _held(self, name: str, params: list[bytes], nparams: int) -> tuple[Consumer, str]:
+        if self.consumer is None or self.consumer.channel is None:
+            raise InvalidRequest(f"cannot {name} in current state")
+        if len(params) < nparams:
+            raise InvalidRequest(f"{name} insufficient number of params")
         try:
-            count = int(args[0]) if args else 1
+            return self.consumer, message_id(params[1])
+        except ValueError as err:
+            raise InvalidRequest(str(err)) from None
+
+    def _fin(self, params: list[bytes], pos: int) -> int:
+        consumer, msg_id = self._held("FIN", params, 2)
+        consumer.channel.finish(consumer, msg_id)
+        return pos
+
+    def _req(self, params: list[bytes], pos: int) -> int:
+        consumer, msg_id = self._held("REQ", params, 3)
+        try:
+            delay_ms = base10(params[2])
         except ValueError:
-            raise ProtocolError("E_INVALID", f"RDY could not parse count {args[0]}")
-        limit = self.broker.options.max_rdy_count
-        if not 0 <= count <= limit:
-            raise ProtocolError("E_INVALID", f"RDY count {count} out of range 0-{limit}")
-        self.channel.set_rdy(self.consumer, count)
+            raise InvalidRequest(f"REQ could not parse timeout "
+                                 f"{params[2].decode(errors='replace')}") from None
+        consumer.channel.requeue(consumer, msg_id, self.broker.clamp_delay(delay_ms) / 1000)
+        return pos
 
-    def _held_command(self, name: str, args: list[str], nargs: int) -> str:
-        if self.consumer is None or self.channel is None:
-            raise ProtocolError("E_INVALID", f"cannot {name} in current state")
-        if len(args) < nargs:
-            raise ProtocolError("E_INVALID", f"{name} insufficient number of params")
-        if len(args[0]) != 16:
-            raise ProtocolError("E_INVALID", f"{name} invalid message id {args[0]!r}")
-        return args[0]
+    def _touch(self, params: list[bytes], pos: int) -> int:
+        consumer, msg_id = self._held("TOUCH", params, 2)
+        consumer.channel.touch(consumer, msg_id)
+        return pos
 
-    def _fin(self, args: list[str]) -> None:
-        msg_id = self._held_command("FIN", args, 1)
+    def _topic(self, name: str, params: list[bytes], nparams: int) -> str:
+        if len(params) < nparams:
+            raise InvalidRequest(f"{name} insufficient number of parameters")
+        topic = params[1].decode(errors="replace")
         try:
-            self.channel.finish(self.consumer, msg_id)
-        except NotInFlight as err:
-            raise ProtocolError("E_FIN_FAILED", f"FIN {msg_id} failed {err}", fatal=False)
+            return check_topic_name(topic)
+        except Invalid as err:
+            err.message = f"{name} {err.message}"
+            raise
 
-    def _req(self, args: list[str]) -> None:
-        msg_id = self._held_command("REQ", args, 2)
+    def _pub(self, params: list[bytes], pos: int) -> int:
+        topic = self._topic("PUB", params, 2)
+        body, pos = wire.read_message(self.buf, pos, "PUB",
+                                      max_msg_size=self.broker.options.max_msg_size)
+        self._publish("PUB", topic, [body], 0)
+        return pos
+
+    def _mpub(self, params: list[bytes], pos: int) -> int:
+        topic = self._topic("MPUB", params, 2)
+        self.broker.get_or_create_topic(topic)   # as nsqd: the topic exists from here on
+        opts = self.broker.options
+        size, pos = wire.read_size(self.buf, pos, InvalidBody("MPUB failed to read body size"))
+        if size <= 0:
+            raise InvalidBody(f"MPUB invalid body size {size}")
+        if size > opts.max_body_size:
+            raise BodyTooBig(f"MPUB body too big {size} > {opts.max_body_size}")
+        # As nsqd: the messages are read from the stream, the size only bounds the request.
+        bodies, pos = wire.read_mpub(self.buf, pos, max_msg_size=opts.max_msg_size,
+                                     max_body_size=opts.max_body_size)
+        self._publish("MPUB", topic, bodies, 0)
+        return pos
+
+    def _dpub(self, params: list[bytes], pos: int) -> int:
+        topic = self._topic("DPUB", params, 3)
         try:
-            delay_ms = int(args[1])
+            defer_ms = base10(params[2])
         except ValueError:
-            raise ProtocolError("E_INVALID", f"REQ could not parse timeout {args[1]}")
-        limit = self.broker.options.max_req_timeout
-        if not 0 <= delay_ms <= limit:
-            raise ProtocolError("E_INVALID", f"REQ timeout {delay_ms} out of range 0-{limit}")
-        try:
-            self.channel.requeue(self.consumer, msg_id, delay_ms / 1000)
-        except NotInFlight as err:
-            raise ProtocolError("E_REQ_FAILED", f"REQ {msg_id} failed {err}", fatal=False)
+            raise InvalidRequest(f"DPUB could not parse timeout "
+                                 f"{params[2].decode(errors='replace')}") from None
+        self.broker.check_delay(defer_ms, "DPUB timeout")
+        body, pos = wire.read_message(self.buf, pos, "DPUB",
+                                      max_msg_size=self.broker.options.max_msg_size)
+        self._publish("DPUB", topic, [body], defer_ms)
+        return pos
 
-    def _touch(self, args: list[str]) -> None:
-        msg_id = self._held_command("TOUCH", args, 1)
-        try:
-            self.channel.touch(self.consumer, msg_id)
-        except NotInFlight as err:
-            raise ProtocolError("E_TOUCH_FAILED", f"TOUCH {msg_id} failed {err}", fatal=False)
-
-    def _split_mpub(self, body: bytes) -> list[bytes]:
-        if len(body) < 4:
-            raise ProtocolError("E_BAD_BODY", "MPUB invalid body size")
-        (count,) = SIZE.unpack_from(body, 0)
-        if count <= 0:
-            raise ProtocolError("E_BAD_BODY", f"MPUB invalid message count {count}")
-        msgs, pos = [], 4
-        for _ in range(count):
-            if pos + 4 > len(body):
-                raise ProtocolError("E_BAD_BODY", "MPUB failed to read message body size")
-            (size,) = SIZE.unpack_from(body, pos)
-            if size <= 0 or pos + 4 + size > len(body):
-                raise ProtocolError("E_BAD_MESSAGE", f"MPUB invalid message body size {size}")
-            msgs.append(body[pos + 4:pos + 4 + size])
-            pos += 4 + size
-        return msgs
-
-    def _dpub(self, args: list[str], body: bytes) -> None:
-        if len(args) < 2:
-            raise ProtocolError("E_INVALID", "DPUB insufficient number of parameters")
-        try:
-            defer = int(args[1])
-        except ValueError:
-            raise ProtocolError("E_INVALID", f"DPUB could not parse timeout {args[1]}")
-        limit = self.broker.options.max_req_timeout
-        if not 0 <= defer <= limit:
-            raise ProtocolError("E_INVALID", f"DPUB timeout {defer} out of range 0-{limit}")
-        self._pub(args, [body], defer, "DPUB")
-
-    def _pub(self, args: list[str], bodies: list[bytes], defer_ms: int, name: str) -> None:
-        if not args:
-            raise ProtocolError("E_INVALID", f"{name} insufficient number of parameters")
-        topic = args[0]
+    def _publish(self, name: str, topic: str, bodies: list[bytes], defer_ms: int) -> None:
         try:
             self.broker.multi_publish(topic, bodies, defer_ms=[defer_ms] * len(bodies)
                                       if defer_ms else ())
-        except InvalidTopic:
-            raise ProtocolError("E_BAD_TOPIC", f"{name} topic name {topic!r} is not valid")
-        except MessageTooBig as err:
-            raise ProtocolError("E_BAD_MESSAGE", f"{name} message too big: {err}")
-        except BrokerError as err:
-            code = "E_BAD_MESSAGE" if err.code == "E_BAD_MESSAGE" else f"E_{name}_FAILED"
-            raise ProtocolError(code, f"{name} failed: {err}")
+        except Invalid:
+            raise
+        except BrokerError as err:   # the broker is exiting: nsqd's E_PUB_FAILED and kin
+            failed = BrokerError(f"{name} failed {err.message}")
+            failed.code = f"E_{name}_FAILED"
+            raise failed from None
         self.send(OK)
+
+    def _nop(self, params: list[bytes], pos: int) -> int:
+        return pos
+
+    def _cls(self, params: list[bytes], pos: int) -> int:
+        if self.consumer is None or self.consumer.closing:
+            raise InvalidRequest("cannot CLS in current state")
+        self.consumer.closing = True
+        self.send(CLOSE_WAIT)
+        return pos
+
+    def _auth(self, params: list[bytes], pos: int) -> int:
+        if self.consumer is not None:
+            raise InvalidRequest("cannot AUTH in current state")
+        if len(params) != 1:
+            raise InvalidRequest("AUTH invalid number of parameters")
+        _, pos = wire.read_body(self.buf, pos, "AUTH",
+                                max_size=self.broker.options.max_body_size)
+        raise AuthDisabled("AUTH disabled")
+
+
+_COMMANDS: dict[bytes, Callable[[V2Connection, list[bytes], int], int]] = {
+    b"IDENTIFY": V2Connection._identify, b"SUB": V2Connection._sub,
+    b"RDY": V2Connection._rdy, b"FIN": V2Connection._fin, b"REQ": V2Connection._req,
+    b"TOUCH": V2Connection._touch, b"PUB": V2Connection._pub, b"MPUB": V2Connection._mpub,
+    b"DPUB": V2Connection._dpub, b"NOP": V2Connection._nop, b"CLS": V2Connection._cls,
+    b"AUTH": V2Connection._auth,
+}
 
 
 class TcpServer:
@@ -406,8 +453,8 @@ class TcpServer:
         self.broker = broker
         self.connections: set[V2Connection] = set()
         self.server: asyncio.AbstractServer | None = None
-        # An MPUB may carry many messages; bound it as nsqd's --max-body-size does.
-        self.max_body_size = max(5 * 1024 * 1024, broker.options.max_msg_size * 5)
+        # Most a client may have buffered in one unfinished command.
+        self.max_pending = broker.options.max_body_size + wire.MAX_LINE + 8
 
     async def start(self, address: str) -> str:
         host, _, port = address.rpartition(":")
