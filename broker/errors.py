@@ -61,6 +61,18 @@ class LeaseNotFound(BrokerError):
     code = "E_LEASE_NOT_FOUND"
 
 
+class WrongBroker(LeaseNotFound):
+    """A lease named for another broker instance than the one that answered."""
+
+    code = "E_WRONG_BROKER"
+
+
+class ProducerConflict(BrokerError):
+    """A replayed (producer id, sequence) whose content differs from what it first published."""
+
+    code = "E_PRODUCER_CONFLICT"
+
+
 class NotInFlight(BrokerError):
     """FIN/REQ/TOUCH of a message this consumer does not hold in flight."""
 
@@ -75,3 +87,26 @@ class Exiting(BrokerError):
     """The broker is shutting down."""
 
     code = "E_EXITING"
+
+
+def _codes() -> dict[str, type[BrokerError]]:
+    found: dict[str, type[BrokerError]] = {}
+    pending = list(BrokerError.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        code = cls.__dict__.get("code")
+        if isinstance(code, str) and code not in found:
+            found[code] = cls
+    return found
+
+
+def error_for_code(code: str, message: str) -> BrokerError:
+    """The ``BrokerError`` subclass instance matching an error code read off the wire."""
+    if code.endswith("_FAILED") and code.startswith("E_"):
+        return NotInFlight(code[2:-len("_FAILED")], "", message)
+    cls = _codes().get(code, BrokerError)
+    err = cls(message)
+    if cls is BrokerError and code:
+        err.code = code
+    return err

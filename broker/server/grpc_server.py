@@ -20,7 +20,7 @@ from ..api import broker_pb2_grpc as pb_grpc
 from ..consumer import Consumer
 from ..core import Broker
 from ..errors import (BrokerError, ChannelNotFound, Exiting, InvalidRequest, LeaseNotFound,
-                      NotInFlight, TopicNotFound)
+                      NotInFlight, ProducerConflict, TopicNotFound)
 from ..message import Message
 
 log = logging.getLogger("pynsqd")
@@ -36,11 +36,20 @@ LEASE_HEARTBEAT_SECONDS = 5.0
 def status_of(err: BrokerError) -> grpc.StatusCode:
     if isinstance(err, (TopicNotFound, ChannelNotFound, LeaseNotFound)):
         return grpc.StatusCode.NOT_FOUND
-    if isinstance(err, NotInFlight):
+    if isinstance(err, (NotInFlight, ProducerConflict)):
         return grpc.StatusCode.FAILED_PRECONDITION
     if isinstance(err, Exiting):
         return grpc.StatusCode.UNAVAILABLE
     return grpc.StatusCode.INVALID_ARGUMENT
+
+
+# Trailing metadata key carrying a failed call's error code (``BrokerError.code``).
+ERROR_CODE_KEY = "pynsq-error-code"
+
+
+async def abort_with(context, err: BrokerError) -> None:
+    """End the call with ``err``: its status, its message and its code in metadata."""
+    await context.abort(status_of(err), str(err), trailing_metadata=((ERROR_CODE_KEY, err.code),))
 
 
 def to_pb(msg: Message) -> pb.Message:
@@ -89,7 +98,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                                        producer_id=request.producer_id,
                                        sequence=request.sequence)]
         except BrokerError as err:
-            await context.abort(status_of(err), str(err))
+            await abort_with(context, err)
         return pb.PublishResponse(ids=ids)
 
     async def MultiPublish(self, request: pb.MultiPublishRequest, context) -> pb.PublishResponse:
@@ -99,7 +108,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                                             producer_id=request.producer_id,
                                             sequence=request.sequence)
         except BrokerError as err:
-            await context.abort(status_of(err), str(err))
+            await abort_with(context, err)
         return pb.PublishResponse(ids=ids)
 
     # -- the consumer stream ---------------------------------------------
@@ -285,24 +294,31 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     # -- leases -----------------------------------------------------------
     async def OpenLeaseSession(self, request, context):
-        session = self.broker.open_lease_session(request.client_id or context.peer())
+        session = self.broker.open_lease_session(request.client_id or context.peer(),
+                                                 request.session_id, request.grace_ms)
+        stream = session.stream
         try:
-            yield pb.LeaseSessionEvent(session_id=session.session_id)
+            yield pb.LeaseSessionEvent(session_id=session.session_id,
+                                       broker_id=self.broker.instance_id,
+                                       resumed=session.resumed)
             while True:
                 await asyncio.sleep(LEASE_HEARTBEAT_SECONDS)
                 yield pb.LeaseSessionEvent(heartbeat=pb.Heartbeat())
         finally:
-            self.broker.close_lease_session(session.session_id)
+            # The stream dropped: the session keeps its leases for its grace period.
+            self.broker.detach_lease_session(session.session_id, stream)
 
     async def Reserve(self, request: pb.ReserveRequest, context) -> pb.ReserveResponse:
         try:
             lease, depth = self.broker.reserve(request.session_id, request.topic, request.channel,
-                                               request.max_messages, request.msg_timeout_ms)
+                                               request.max_messages, request.msg_timeout_ms,
+                                               request.max_bytes)
         except BrokerError as err:
-            await context.abort(status_of(err), str(err))
+            await abort_with(context, err)
         if lease is None:
             return pb.ReserveResponse(depth=depth)
-        return pb.ReserveResponse(lease_id=lease.lease_id, count=len(lease.order), depth=depth)
+        return pb.ReserveResponse(lease_id=lease.lease_id, count=len(lease.order), depth=depth,
+                                  bytes=sum(len(m.body) for m in lease.order))
 
     async def FetchLease(self, request: pb.FetchLeaseRequest, context):
         n = request.num_partitions or 1
@@ -311,17 +327,19 @@ class BrokerService(pb_grpc.BrokerServicer):
                                 f"partition {request.partition} out of range for "
                                 f"{n} partition(s)")
         try:
-            msgs = self.broker.lease(request.lease_id).slice(request.partition, n)
+            msgs = self.broker.lease(request.lease_id, request.broker_id).slice(
+                request.partition, n)
         except BrokerError as err:
-            await context.abort(status_of(err), str(err))
-        for frame in columns_of(msgs):
-            yield frame
+            await abort_with(context, err)
+        # One bounded frame at a time: encoding is on the loop, so yield between frames.
+        for chunk in chunks(msgs):
+            yield columns.encode(chunk)
 
     async def _leases(self, context, action, request: pb.LeaseRequest) -> pb.LeaseResponse:
         try:
             count, missing = action(request.lease_ids)
         except BrokerError as err:
-            await context.abort(status_of(err), str(err))
+            await abort_with(context, err)
         return pb.LeaseResponse(count=count, missing=missing)
 
     async def FinishLeases(self, request, context):
