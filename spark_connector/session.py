@@ -168,6 +168,7 @@ class LeaseKeeper:
                           "creating the channel")
 
     def depths(self) -> dict[str, int]:
+        self.ensure_channel()
         return self._each_broker(list(self._sessions), lambda s: s.depth(), "stats")
 
     def planned(self, batch: int) -> dict | None:
