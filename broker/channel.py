@@ -124,8 +124,9 @@ class Channel:
         consumer.rdy = count
         self._pump()
 
-    def take(self, holder: Consumer, limit: int) -> list[Message]:
-        """Move up to ``limit`` ready messages in flight to ``holder`` at once.
+    def take(self, holder: Consumer, limit: int, max_bytes: int = 0) -> list[Message]:
+        """Move up to ``limit`` ready messages in flight to ``holder`` at once; with
+        ``max_bytes`` > 0, stop before their bodies pass it (taking one at least).
 
         For holders outside the round-robin (leases): it ignores RDY and does not
         pump, and returns what it took, in order.
@@ -133,33 +134,44 @@ class Channel:
         if self.paused:
             return []
         ready = self._ready
-        taken = [ready.popleft() for _ in range(min(limit, len(ready)))]
-        if any(type(m) is int for m in taken):
-            load = self._broker.load_message
-            taken = [m for m in (load(self.topic, m) if type(m) is int else m for m in taken)
-                     if m is not None]
+        load = self._broker.load_message
+        taken: list[Message] = []
+        size = 0
+        while ready and len(taken) < limit:
+            msg = ready[0]
+            if type(msg) is int:
+                msg = load(self.topic, msg)
+                if msg is None:  # damaged on disk: logged and dropped
+                    ready.popleft()
+                    continue
+                ready[0] = msg
+            if max_bytes and taken and size + len(msg.body) > max_bytes:
+                break
+            ready.popleft()
+            taken.append(msg)
+            size += len(msg.body)
         self._hold_all(holder, taken)
         return taken
 
-    def reclaim(self, holder: Consumer, wanted: list[Message]) -> list[Message]:
-        """Take ``wanted`` messages back in flight to ``holder`` if they are still
-        waiting in this channel (not delivered elsewhere meanwhile); in ``wanted``'s
-        order. Scans the ready queue once.
+    def reclaim(self, holder: Consumer, wanted: list[str]) -> list[Message]:
+        """Take the messages with ids ``wanted`` back in flight to ``holder`` if they are
+        still waiting in memory in this channel (not delivered elsewhere meanwhile); in
+        ``wanted``'s order. Scans the ready queue once.
         """
-        wanted_ids = {id(m) for m in wanted}
+        wanted_ids = set(wanted)
         if self.paused or not wanted_ids:
             return []
-        keep: deque[Message] = deque()
-        found: set[int] = set()
+        keep: deque[Message | int] = deque()
+        found: dict[str, Message] = {}
         for msg in self._ready:
-            if id(msg) in wanted_ids:
-                found.add(id(msg))
+            if type(msg) is not int and msg.id in wanted_ids:
+                found[msg.id] = msg
             else:
                 keep.append(msg)
         if not found:
             return []
         self._ready = keep
-        taken = [m for m in wanted if id(m) in found]
+        taken = [found[i] for i in wanted if i in found]
         self._hold_all(holder, taken)
         return taken
 

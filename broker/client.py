@@ -7,7 +7,14 @@
             sub.fin(msg.id)
 
 Failures raise ``ClientError`` (the broker said no; ``.status`` is the gRPC
-status) or ``BrokerUnavailable`` (nothing answered at the address).
+status) or ``BrokerUnavailable`` (nothing answered at the address). When the
+broker names its error's code, the exception is also an instance of the
+matching ``broker.errors`` class (``LeaseNotFound``, ``ProducerConflict``, ...),
+so callers catch by meaning.
+
+Leases (see ``broker/lease.py``) are methods too: ``open_lease_session``,
+``reserve``, ``fetch_lease``, ``finish_leases``, ``requeue_leases``,
+``touch_leases``, ``adopt_leases``.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import grpc
 
 from .api import broker_pb2 as pb
 from .api import broker_pb2_grpc as pb_grpc
-from .errors import BrokerError
+from .errors import ERROR_CODE_METADATA, BrokerError, error_for_code
 from .options import DEFAULT_GRPC_ADDRESS
 
 MAX_GRPC_MESSAGE = 256 << 20
@@ -39,11 +46,33 @@ class BrokerUnavailable(ClientError):
     """No broker answered at the address."""
 
 
+_client_kinds: dict[type, type] = {}
+
+
+def _client_kind(kind: type[BrokerError]) -> type[ClientError]:
+    """``kind`` that is also a ``ClientError``, so old and new ``except`` clauses both match."""
+    if issubclass(kind, ClientError):
+        return kind
+    cls = _client_kinds.get(kind)
+    if cls is None:
+        cls = type(kind.__name__, (kind, ClientError), {"__init__": ClientError.__init__,
+                                                        "__module__": kind.__module__})
+        _client_kinds[kind] = cls
+    return cls
+
+
 def _translate(err: grpc.RpcError, address: str) -> ClientError:
     status = err.code()
     if status in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return BrokerUnavailable(status, f"cannot reach the broker at {address}: {err.details()}")
-    return ClientError(status, err.details() or status.name)
+    message = err.details() or status.name
+    metadata = getattr(err, "trailing_metadata", lambda: None)() or ()
+    code = next((v for k, v in metadata if k == ERROR_CODE_METADATA), "")
+    if not code:
+        return ClientError(status, message)
+    out = _client_kind(type(error_for_code(code, message)))(status, message)
+    out.code = code
+    return out
 
 
 def open_channel(address: str) -> grpc.Channel:
@@ -84,6 +113,49 @@ class Client:
         request = pb.MultiPublishRequest(topic=topic, bodies=data, defer_ms=list(defer_ms),
                                          producer_id=producer_id, sequence=sequence)
         return list(self._call(self.stub.MultiPublish, request).ids)
+
+    # -- leases -----------------------------------------------------------
+    def open_lease_session(self, client_id: str = "", *, session_id: str = "",
+                           grace_ms: int = 0) -> "LeaseSession":
+        """Open a lease session, or resume ``session_id`` if it is within its grace
+        period (``.resumed`` says which). ``grace_ms``: how long the broker keeps the
+        session's leases once its stream drops (0: the broker's msg-timeout)."""
+        return LeaseSession(self, client_id, session_id, grace_ms)
+
+    def reserve(self, session_id: str, topic: str, channel: str, max_messages: int, *,
+                max_bytes: int = 0, msg_timeout_ms: int = 0) -> pb.ReserveResponse:
+        """Lease up to ``max_messages`` (and ``max_bytes`` of bodies, if given) ready messages.
+
+        The reply's ``lease_id`` is empty when nothing was ready.
+        """
+        return self._call(self.stub.Reserve, pb.ReserveRequest(
+            session_id=session_id, topic=topic, channel=channel, max_messages=max_messages,
+            max_bytes=max_bytes, msg_timeout_ms=msg_timeout_ms))
+
+    def fetch_lease(self, lease_id: str, partition: int = 0, num_partitions: int = 1, *,
+                    broker_id: str = "", timeout: float | None = None
+                    ) -> Iterator[pb.MessageColumns]:
+        """The frames of one slice of a lease. ``broker_id``: fail unless the broker
+        answering is that instance (``LeaseNotFound`` subclass ``WrongBroker``)."""
+        request = pb.FetchLeaseRequest(lease_id=lease_id, partition=partition,
+                                       num_partitions=num_partitions, broker_id=broker_id)
+        try:
+            yield from self.stub.FetchLease(request, timeout=timeout or self.timeout)
+        except grpc.RpcError as err:
+            raise _translate(err, self.address) from None
+
+    def finish_leases(self, lease_ids: Iterable[str]) -> pb.LeaseResponse:
+        return self._call(self.stub.FinishLeases, pb.LeaseRequest(lease_ids=list(lease_ids)))
+
+    def requeue_leases(self, lease_ids: Iterable[str]) -> pb.LeaseResponse:
+        return self._call(self.stub.RequeueLeases, pb.LeaseRequest(lease_ids=list(lease_ids)))
+
+    def touch_leases(self, lease_ids: Iterable[str]) -> pb.LeaseResponse:
+        return self._call(self.stub.TouchLeases, pb.LeaseRequest(lease_ids=list(lease_ids)))
+
+    def adopt_leases(self, session_id: str, lease_ids: Iterable[str]) -> pb.LeaseResponse:
+        return self._call(self.stub.AdoptLeases, pb.AdoptLeasesRequest(
+            session_id=session_id, lease_ids=list(lease_ids)))
 
     # -- admin ------------------------------------------------------------
     def admin(self, kind: str, action: str, topic: str, channel: str = "") -> None:
@@ -232,3 +304,43 @@ class Subscription:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class LeaseSession:
+    """A lease session stream: the broker holds its leases while it is open.
+
+    ``session_id`` names it for ``reserve`` and ``adopt_leases``; ``broker_id``
+    is the broker instance that holds it. ``alive`` turns False when the stream
+    ends (the broker then keeps the session for a grace period, for
+    ``open_lease_session(session_id=...)`` to resume).
+    """
+
+    def __init__(self, client: Client, client_id: str, session_id: str, grace_ms: int) -> None:
+        self._stream = client.stub.OpenLeaseSession(pb.LeaseSessionRequest(
+            client_id=client_id, session_id=session_id, grace_ms=grace_ms))
+        try:
+            first = next(self._stream)
+        except grpc.RpcError as err:
+            raise _translate(err, client.address) from None
+        self.session_id = first.session_id
+        self.broker_id = first.broker_id
+        self.resumed = first.resumed
+        self.ended = threading.Event()
+        threading.Thread(target=self._drain, daemon=True, name="pynsq-lease-session").start()
+
+    @property
+    def alive(self) -> bool:
+        return not self.ended.is_set()
+
+    def _drain(self) -> None:
+        try:
+            for _ in self._stream:
+                pass
+        except grpc.RpcError:
+            pass
+        finally:
+            self.ended.set()
+
+    def close(self) -> None:
+        """End the stream: the broker requeues its leases once the grace period passes."""
+        self._stream.cancel()

@@ -9,6 +9,7 @@ messages move within a bounded lag of their deadline.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
@@ -16,10 +17,10 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 from .channel import Channel
 from .clock import Clock
 from .consumer import Consumer
-from .dedupe import Deduplicator
+from .dedupe import Deduplicator, content_digest
 from .errors import (InvalidMessage, InvalidRequest, LeaseNotFound, MessageTooBig,
-                     TopicNotFound)
-from .lease import Lease, LeaseSession
+                     TopicNotFound, WrongBroker)
+from .lease import Lease, LeaseSession, RememberedLease
 from .message import IdFactory, Message
 from .names import check_channel_name, check_topic_name
 from .options import Options
@@ -50,11 +51,13 @@ class Broker:
         self.topics: dict[str, Topic] = {}
         self.new_id = IdFactory()
         self.start_time = int(time.time())
+        # Names this instance (it changes on restart): a lease made elsewhere is not here.
+        self.instance_id = secrets.token_hex(8)
         self._sessions: dict[str, LeaseSession] = {}
         self._leases: dict[str, Lease] = {}
-        # Leases requeued because their session ended, for a replay to adopt.
-        self._requeued: OrderedDict[str, Lease] = OrderedDict()
-        self.dedupe = Deduplicator()
+        # Leases requeued or timed out, by their messages' ids, for a replay to adopt.
+        self._requeued: OrderedDict[str, RememberedLease] = OrderedDict()
+        self.dedupe = Deduplicator(clock=self.clock)
         self.storage: "Storage | None" = None  # set by BrokerApp when --data-path is given
         self.listeners: list[Listener] = []  # e.g. the nsqlookupd registration
 
@@ -72,17 +75,21 @@ class Broker:
 
         ``defer_ms`` is empty or gives each body its own defer. With a
         ``producer_id``, a repeat of an accepted (producer_id, sequence) within
-        the de-duplication window publishes nothing and returns the first ids.
+        the de-duplication window publishes nothing and returns the first ids if
+        its topic, bodies and defers are the same, and raises
+        ``ProducerConflict`` if they differ.
         """
+        bodies = list(bodies)
+        defers = list(defer_ms)
+        digest = b""
         if producer_id:
-            ids = self.dedupe.seen(producer_id, sequence, self.clock.monotonic())
+            digest = content_digest(topic, bodies, defers)
+            ids = self.dedupe.seen(producer_id, sequence, digest)
             if ids is not None:
                 return ids
-        bodies = list(bodies)
         if not bodies:
             raise InvalidMessage("MPUB: no messages")
         self._check_bodies(bodies)
-        defers = list(defer_ms)
         if defers and len(defers) != len(bodies):
             raise InvalidRequest(f"{len(defers)} defers for {len(bodies)} messages: give one "
                                  f"per message or none")
@@ -92,16 +99,17 @@ class Broker:
         now = self.clock.wall_ns()
         new_id = self.new_id
         msgs = [Message(new_id(), body, now) for body in bodies]
-        self.on_publish(t, msgs, defers)
+        entry = (self.dedupe.entry(producer_id, sequence, msgs[0].id, len(msgs), digest)
+                 if producer_id else None)
+        self.on_publish(t, msgs, defers, producer=entry.encode() if entry else None)
         if not any(defers):
             t.publish(msgs, 0.0)
         else:
             for msg, d in zip(msgs, defers):
                 t.publish([msg], d / 1000)
-        ids = [m.id for m in msgs]
-        if producer_id:
-            self.dedupe.remember(producer_id, sequence, ids, self.clock.monotonic())
-        return ids
+        if entry is not None:
+            self.dedupe.remember(entry)
+        return [m.id for m in msgs]
 
     def _check_bodies(self, bodies: list[bytes]) -> None:
         limit = self.options.max_msg_size
@@ -149,12 +157,41 @@ class Broker:
         return ch
 
     # -- leases -----------------------------------------------------------
-    def open_lease_session(self, client_id: str = "") -> LeaseSession:
-        session = LeaseSession(client_id)
+    def open_lease_session(self, client_id: str = "", session_id: str = "",
+                           grace_ms: int = 0) -> LeaseSession:
+        """A new lease session, or ``session_id`` resumed if it is detached and within
+        its grace period (``session.resumed`` says which).
+
+        ``grace_ms``: how long the session keeps its leases once its stream drops;
+        0 means the broker's msg-timeout; capped by max-msg-timeout.
+        """
+        old = self._sessions.get(session_id) if session_id else None
+        if old is not None:
+            old.detached_at = None
+            old.resumed = True
+            old.stream += 1
+            return old
+        grace = min(grace_ms or self.options.msg_timeout, self.options.max_msg_timeout) / 1000
+        session = LeaseSession(client_id, grace)
         self._sessions[session.session_id] = session
         return session
 
+    def detach_lease_session(self, session_id: str, stream: int | None = None) -> None:
+        """The session's stream dropped: keep its leases for its grace period.
+
+        ``stream``: which of its streams dropped; a stream replaced by a resume
+        (the old one may end late, say behind a black-holing proxy) detaches nothing.
+        """
+        session = self._sessions.get(session_id)
+        if session is None or (stream is not None and stream != session.stream):
+            return
+        if session.grace <= 0:
+            self.close_lease_session(session_id)
+        else:
+            session.detached_at = self.clock.monotonic()
+
     def close_lease_session(self, session_id: str) -> None:
+        """End a session now: requeue its leases, remembered for adoption."""
         session = self._sessions.pop(session_id, None)
         if session is None:
             return
@@ -163,12 +200,11 @@ class Broker:
             log.info("lease session %s ended: requeueing %d lease(s)", session.client_id,
                      len(leases))
             self.requeue_leases([lease.lease_id for lease in leases])
-            for lease in leases:
-                self._remember_requeued(lease)
 
     def reserve(self, session_id: str, topic: str, channel: str, max_messages: int,
-                msg_timeout_ms: int = 0) -> tuple[Lease | None, int]:
-        """Take up to ``max_messages`` ready messages into a new lease.
+                msg_timeout_ms: int = 0, max_bytes: int = 0) -> tuple[Lease | None, int]:
+        """Take up to ``max_messages`` ready messages (and, if ``max_bytes`` > 0, no more
+        body bytes than that, but at least one message) into a new lease.
 
         Returns (lease or None when nothing was ready, depth left behind).
         """
@@ -177,12 +213,14 @@ class Broker:
             raise LeaseNotFound(f"lease session {session_id!r} does not exist (it ended)")
         if max_messages <= 0:
             raise InvalidRequest(f"max_messages {max_messages} must be positive")
+        if max_bytes < 0:
+            raise InvalidRequest(f"max_bytes {max_bytes} must not be negative")
         check_topic_name(topic)
         check_channel_name(channel)
         ch = self.get_or_create_topic(topic).get_or_create_channel(channel)
         lease = Lease(session, msg_timeout=self.msg_timeout(msg_timeout_ms))
         lease.channel = ch
-        lease.order = ch.take(lease, max_messages)
+        lease.order = ch.take(lease, max_messages, max_bytes)
         if not lease.order:
             return None, ch.depth
         session.leases[lease.lease_id] = lease
@@ -192,9 +230,9 @@ class Broker:
     def adopt_leases(self, session_id: str, lease_ids: Iterable[str]) -> tuple[int, list[str]]:
         """Make ``session_id`` the holder of leases planned by an earlier session.
 
-        A live lease changes hands. A lease requeued because its session ended
-        takes back those of its messages still waiting in the channel, under the
-        same id, so that a batch replayed after a restart reads what it read
+        A live lease changes hands. A lease requeued (its session ended) or timed
+        out takes back those of its messages still waiting in the channel, under
+        the same id, so that a batch replayed after a restart reads what it read
         before. Returns (messages now held, leases with nothing to adopt).
         """
         session = self._sessions.get(session_id)
@@ -202,51 +240,73 @@ class Broker:
             raise LeaseNotFound(f"lease session {session_id!r} does not exist (it ended)")
         count, missing = 0, []
         for lease_id in lease_ids:
-            lease = self._leases.get(lease_id)
-            if lease is not None and lease.in_flight:
-                lease.session.leases.pop(lease_id, None)
-            else:
-                lease = self._reclaim(lease_id)
-                if lease is None:
-                    missing.append(lease_id)
-                    continue
+            lease = self._held_or_reclaimed(lease_id)
+            if lease is None:
+                missing.append(lease_id)
+                continue
+            lease.session.leases.pop(lease_id, None)
             lease.session = session
             session.leases[lease_id] = lease
             count += len(lease.in_flight)
         return count, missing
 
-    def _reclaim(self, lease_id: str) -> Lease | None:
+    def _held_or_reclaimed(self, lease_id: str) -> Lease | None:
+        """The lease if it still holds messages, else one rebuilt from what it is
+        remembered to have held, with those of its messages still waiting."""
+        lease = self._leases.get(lease_id)
+        if lease is not None and lease.in_flight:
+            return lease
+        if lease is not None:  # every message timed out
+            self._forget_lease(lease_id, remember=True)
         old = self._requeued.pop(lease_id, None)
-        if old is None or old.channel is None or old.channel.deleted:
+        if old is None or old.channel.deleted:
             return None
-        lease = Lease(old.session, msg_timeout=old.msg_timeout)
+        session = lease.session if lease is not None else LeaseSession("adopted")
+        lease = Lease(session, msg_timeout=old.msg_timeout)
         lease.lease_id = lease_id
         lease.channel = old.channel
-        taken = old.channel.reclaim(lease, old.order)
+        taken = old.channel.reclaim(lease, old.ids)
         if not taken:
             return None
         # Keep the original order so each partition's slice stays what it was.
-        lease.order = old.order
+        lease.order = taken
         self._leases[lease_id] = lease
         return lease
 
-    def _remember_requeued(self, lease: Lease) -> None:
-        self._requeued[lease.lease_id] = lease
+    def _remember(self, lease: Lease) -> None:
+        if lease.channel is None or not lease.order:
+            return
+        self._requeued[lease.lease_id] = lease.remembered()
         while len(self._requeued) > MAX_REMEMBERED_LEASES:
             self._requeued.popitem(last=False)
 
-    def lease(self, lease_id: str) -> Lease:
+    def lease(self, lease_id: str, broker_id: str = "") -> Lease:
+        if broker_id and broker_id != self.instance_id:
+            raise WrongBroker(f"lease {lease_id!r} was made by broker instance {broker_id}, "
+                              f"but this is {self.instance_id} (another broker, or this one "
+                              f"restarted): its messages are not here")
         lease = self._leases.get(lease_id)
         if lease is None or not lease.in_flight:
-            self._forget_lease(lease_id)
+            self._forget_lease(lease_id, remember=True)
             raise LeaseNotFound(f"lease {lease_id!r} does not exist: it was finished, "
                                 f"requeued, timed out, or its session ended")
         return lease
 
     def finish_leases(self, lease_ids: Iterable[str]) -> tuple[int, list[str]]:
-        return self._each_lease(lease_ids, Channel.finish_all, drop=True)
+        """FIN the leases; one requeued or timed out first takes back what of it still
+        waits in the channel (its batch was committed: it must not be read again)."""
+        count, missing = 0, []
+        for lease_id in lease_ids:
+            lease = self._held_or_reclaimed(lease_id)
+            if lease is None:
+                missing.append(lease_id)
+                continue
+            count += lease.channel.finish_all(lease)
+            self._forget_lease(lease_id)
+        return count, missing
 
     def requeue_leases(self, lease_ids: Iterable[str]) -> tuple[int, list[str]]:
+        """REQ the leases, remembered by ids for a later adoption or FIN."""
         def requeue(channel: Channel, lease: Lease) -> int:
             count = len(lease.in_flight)
             channel.release(lease)
@@ -266,17 +326,27 @@ class Broker:
             if lease is None or lease.channel is None or lease.channel.deleted \
                     or not lease.in_flight:
                 missing.append(lease_id)
-                self._forget_lease(lease_id)
+                self._forget_lease(lease_id, remember=True)
                 continue
             count += action(lease.channel, lease)
             if drop:
-                self._forget_lease(lease_id)
+                self._forget_lease(lease_id, remember=True)
         return count, missing
 
-    def _forget_lease(self, lease_id: str) -> None:
+    def _forget_lease(self, lease_id: str, remember: bool = False) -> None:
         lease = self._leases.pop(lease_id, None)
         if lease is not None:
             lease.session.leases.pop(lease_id, None)
+            if remember:
+                self._remember(lease)
+
+    def _tick_leases(self, now: float) -> None:
+        for session in [s for s in self._sessions.values() if s.detached_at is not None]:
+            if now - session.detached_at >= session.grace:
+                self.close_lease_session(session.session_id)
+        # A lease all of whose messages timed out holds nothing: remember its ids only.
+        for lease_id in [i for i, lease in self._leases.items() if not lease.in_flight]:
+            self._forget_lease(lease_id, remember=True)
 
     # -- admin ------------------------------------------------------------
     def topic(self, name: str) -> Topic:
@@ -319,6 +389,8 @@ class Broker:
         for t in list(self.topics.values()):
             for ch in list(t.channels.values()):
                 ch.tick(now)
+        if self._leases or self._sessions:
+            self._tick_leases(now)
 
     def stats(self, topic: str | None = None, channel: str | None = None) -> list[TopicStats]:
         if topic:
@@ -337,9 +409,12 @@ class Broker:
         assert self.storage is not None
         return self.storage.load(topic, loc)
 
-    def on_publish(self, topic: Topic, msgs: list[Message], defers: list[int]) -> None:
+    def on_publish(self, topic: Topic, msgs: list[Message], defers: list[int], *,
+                   producer: bytes | None = None) -> None:
+        """``producer``: the encoded de-duplication entry of this request, if any, to be
+        written with its messages."""
         if self.storage is not None:
-            self.storage.published(topic, msgs, defers)
+            self.storage.published(topic, msgs, defers, producer=producer)
 
     def on_held_flushed(self, topic: Topic, msgs: list[Message]) -> None:
         if self.storage is not None:
@@ -376,6 +451,9 @@ class Broker:
         for lease_id, lease in list(self._leases.items()):
             if lease.channel is channel:
                 self._forget_lease(lease_id)
+        for lease_id, old in list(self._requeued.items()):
+            if old.channel is channel:
+                del self._requeued[lease_id]
         self.on_metadata_changed()
         self._notify("channel_deleted", channel.topic.name, channel.name)
 

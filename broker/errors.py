@@ -50,6 +50,10 @@ class Unavailable(BrokerError):
     """The broker cannot take the request now (it is shutting down)."""
 
 
+class Conflict(BrokerError):
+    """A request that contradicts what the broker already holds."""
+
+
 # -- Invalid ---------------------------------------------------------------------
 
 class InvalidRequest(Invalid):
@@ -110,6 +114,20 @@ class LeaseNotFound(NotFound):
     code = "E_LEASE_NOT_FOUND"
 
 
+class WrongBroker(LeaseNotFound):
+    """A lease named for another broker instance than the one that answered."""
+
+    code = "E_WRONG_BROKER"
+
+
+# -- Conflict --------------------------------------------------------------------
+
+class ProducerConflict(Conflict):
+    """A replayed (producer id, sequence) whose content differs from what it first published."""
+
+    code = "E_PRODUCER_CONFLICT"
+
+
 # -- the rest --------------------------------------------------------------------
 
 class NotInFlight(BrokerError):
@@ -133,11 +151,17 @@ class Exiting(Unavailable):
     code = "E_EXITING"
 
 
-_BY_CODE: dict[str, type[BrokerError]] = {
-    cls.code: cls for cls in (InvalidRequest, InvalidTopic, InvalidChannel, InvalidMessage,
-                              InvalidBody, AuthDisabled, TopicNotFound, ChannelNotFound,
-                              LeaseNotFound, Exiting)
-}
+def _by_code() -> dict[str, type[BrokerError]]:
+    """Every error class by its code, classes defined in other modules included."""
+    found: dict[str, type[BrokerError]] = {}
+    pending = list(BrokerError.__subclasses__())
+    while pending:
+        cls = pending.pop(0)
+        pending.extend(cls.__subclasses__())
+        code = cls.__dict__.get("code")
+        if isinstance(code, str):
+            found[code] = cls  # breadth first: the most specific class wins
+    return found
 
 
 def error_for_code(code: str, message: str) -> BrokerError:
@@ -149,8 +173,8 @@ def error_for_code(code: str, message: str) -> BrokerError:
     if code.startswith("E_") and code.endswith("_FAILED") and \
             code[2:-7] in ("FIN", "REQ", "TOUCH"):
         return NotInFlight(code[2:-7], "", message)
-    cls = _BY_CODE.get(code)
-    if cls is not None:
+    cls = _by_code().get(code)
+    if cls is not None and cls.__init__ is BrokerError.__init__:
         return cls(message)
     err = BrokerError(message)
     err.code = code

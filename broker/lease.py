@@ -5,16 +5,28 @@ and executors) cannot use a consumer stream, since only the holder may FIN. A
 lease is a holder that is not a connection: a session (one long-lived stream
 from the planner) reserves a batch; any process may fetch the batch, slice by
 slice, as often as it needs; the planner FINs, REQs or TOUCHes the batch by
-lease id. When the session's stream ends, every lease it holds is requeued.
+lease id.
+
+When the session's stream drops, the session is *detached*: it keeps its
+leases for a grace period (about the message timeout) so the planner can
+reconnect and resume it; when the grace period ends, every lease it holds is
+requeued. A lease requeued that way, or one whose messages timed out, is
+remembered by its messages' ids (never their bodies) so that a planner
+replaying a batch can adopt it, or FIN it once the batch is known committed.
 """
 
 from __future__ import annotations
 
 import itertools
 import secrets
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .consumer import Consumer
 from .message import Message
+
+if TYPE_CHECKING:
+    from .channel import Channel
 
 _session_ids = itertools.count(1)
 
@@ -33,12 +45,29 @@ class Lease(Consumer):
         held = self.in_flight
         return [m for m in self.order[partition::num_partitions] if held.get(m.id) is m]
 
+    def remembered(self) -> "RememberedLease":
+        assert self.channel is not None
+        return RememberedLease(self.channel, [m.id for m in self.order], self.msg_timeout)
+
+
+@dataclass
+class RememberedLease:
+    """A lease no longer held (requeued or timed out): its channel and message ids."""
+
+    channel: "Channel"
+    ids: list[str]
+    msg_timeout: float
+
 
 class LeaseSession:
-    def __init__(self, client_id: str = "") -> None:
+    def __init__(self, client_id: str = "", grace: float = 0.0) -> None:
         self.session_id = f"{next(_session_ids)}-{secrets.token_hex(8)}"
         self.client_id = client_id or f"lease-session-{self.session_id}"
         self.leases: dict[str, Lease] = {}
+        self.grace = grace                    # seconds kept after the stream drops
+        self.detached_at: float | None = None  # monotonic time the stream dropped
+        self.resumed = False
+        self.stream = 0  # counts the streams attached: only the latest detaches it
 
 
 def _ignore(msg: Message) -> None:

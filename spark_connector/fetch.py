@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 from typing import Iterator
 
-import grpc
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from broker.api import broker_pb2 as pb
-from broker.client import Client
+from broker.client import BrokerUnavailable, Client
+from broker.errors import LeaseNotFound, WrongBroker
 
 from .datasource import SCHEMA
 
@@ -41,26 +41,37 @@ def to_record_batch(frame: pb.MessageColumns, topic: str, channel: str) -> pa.Re
     ], schema=ARROW_SCHEMA)
 
 
+class LeaseLost(RuntimeError):
+    """A task's lease is gone: it cannot read what the batch planned to read."""
+
+
 def fetch_slice(part) -> Iterator[pa.RecordBatch]:
     """Yield the messages of ``part`` (a ``LeaseSlice``) still held by its lease.
 
-    A lease that no longer exists yields nothing: its messages went back to the
-    channel (the planning driver went away, or the lease timed out) and a later
-    batch reads them.
+    A lease that is gone (finished, requeued, timed out, or asked of another
+    broker instance than the one that made it) fails the task, so that Spark
+    retries it or fails the query instead of committing a batch that read
+    nothing; with ``failOnDataLoss=false`` a lease that ended reads nothing and
+    logs why (one asked of the wrong broker instance still fails).
     """
     client = Client(part.address, timeout=part.timeout_s)
-    request = pb.FetchLeaseRequest(lease_id=part.lease_id, partition=part.partition,
-                                   num_partitions=part.num_partitions)
     try:
-        for frame in client.stub.FetchLease(request, timeout=max(part.timeout_s, 60.0)):
+        frames = client.fetch_lease(part.lease_id, part.partition, part.num_partitions,
+                                    broker_id=part.broker_id,
+                                    timeout=max(part.timeout_s, 60.0))
+        for frame in frames:
             if frame.count:
                 yield to_record_batch(frame, part.topic, part.channel)
-    except grpc.RpcError as err:
-        if err.code() == grpc.StatusCode.NOT_FOUND:
-            log.warning("pynsq: lease %s on %s is gone; its messages were requeued",
-                        part.lease_id, part.address)
+    except LeaseNotFound as err:
+        if not part.fail_on_data_loss and not isinstance(err, WrongBroker):
+            log.warning("pynsq: lease %s on %s is gone (%s); reading nothing "
+                        "(failOnDataLoss=false)", part.lease_id, part.address, err)
             return
+        raise LeaseLost(f"pynsq source: lease {part.lease_id} on {part.address} is gone: {err}. "
+                        f"Its messages were requeued and will be read again; this task fails "
+                        f"so that the batch does not commit without them") from None
+    except BrokerUnavailable as err:
         raise ConnectionError(f"pynsq source: fetching lease {part.lease_id} from "
-                              f"{part.address} failed: {err.code().name}: {err.details()}") from None
+                              f"{part.address} failed: {err}") from None
     finally:
         client.close()

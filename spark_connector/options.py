@@ -67,33 +67,52 @@ def require_name(given: dict[str, str], name: str, kind: str) -> str:
     return value
 
 
+def _bool(given: dict[str, str], name: str, default: bool) -> bool:
+    raw = given.get(name.lower())
+    if raw is None:
+        return default
+    if raw.strip().lower() not in ("true", "false"):
+        raise OptionError(f"option {name}: expected true or false, got {raw!r}")
+    return raw.strip().lower() == "true"
+
+
+# Defaults that bound a micro-batch, so a first batch over a large backlog
+# neither loads it all into memory nor outlives its timeouts.
+DEFAULT_MAX_MESSAGES_PER_TRIGGER = 100_000
+DEFAULT_MAX_BYTES_PER_TRIGGER = 64 << 20
+
+
 @dataclass(frozen=True)
 class ReaderOptions:
     addresses: list[str]
     topic: str
     channel: str
-    max_messages_per_trigger: int | None
+    max_messages_per_trigger: int
+    max_bytes_per_trigger: int
     msg_timeout_ms: int
     num_partitions: int
     timeout_ms: int
     client_id: str
+    fail_on_data_loss: bool = True
 
-    NAMES = ("address", "topic", "channel", "maxMessagesPerTrigger", "msgTimeoutMs",
-             "numPartitions", "timeoutMs", "clientId")
+    NAMES = ("address", "topic", "channel", "maxMessagesPerTrigger", "maxBytesPerTrigger",
+             "msgTimeoutMs", "numPartitions", "timeoutMs", "clientId", "failOnDataLoss")
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "ReaderOptions":
         given = _lower(options)
         _check_unknown(given, {n.lower() for n in cls.NAMES}, "source")
-        max_per_trigger = given.get("maxmessagespertrigger")
         return cls(
             addresses=parse_addresses(given.get("address")),
             topic=require_name(given, "topic", "topic"),
             channel=require_name(given, "channel", "channel"),
-            max_messages_per_trigger=(_int(given, "maxMessagesPerTrigger", 0)
-                                      if max_per_trigger is not None else None),
+            max_messages_per_trigger=_int(given, "maxMessagesPerTrigger",
+                                          DEFAULT_MAX_MESSAGES_PER_TRIGGER),
+            max_bytes_per_trigger=_int(given, "maxBytesPerTrigger",
+                                       DEFAULT_MAX_BYTES_PER_TRIGGER),
             msg_timeout_ms=_int(given, "msgTimeoutMs", 60_000, minimum=1000),
             num_partitions=_int(given, "numPartitions", 2),
             timeout_ms=_int(given, "timeoutMs", 10_000, minimum=100),
             client_id=given.get("clientid", ""),
+            fail_on_data_loss=_bool(given, "failOnDataLoss", True),
         )

@@ -3,7 +3,8 @@
     spark.readStream.format("pynsq")
          .option("address", "127.0.0.1:4170")       # one or more host:port
          .option("topic", "events").option("channel", "spark")
-         .option("maxMessagesPerTrigger", 10000)    # optional admission control
+         .option("maxMessagesPerTrigger", 10000)    # default 100000
+         .option("maxBytesPerTrigger", 1 << 20)     # bodies per batch, default 64 MiB
          .load()
 
 How a micro-batch holds its messages. Only the holder of an NSQ message may
@@ -12,19 +13,25 @@ FIN it, yet Spark plans on the driver and reads in executors. So the driver
 channel into a lease owned by the driver's lease session (a stream kept open
 to each broker); executors fetch their slice of the lease by id; the driver
 FINs the lease once Spark has committed the batch, and touches it while the
-batch runs so it outlives ``msgTimeoutMs``. If the driver goes away, its session
-stream ends and the broker requeues every lease at once; if it hangs, the
-leases time out. Either way the messages are read again: at least once.
+batch runs so it outlives ``msgTimeoutMs``. If the session's stream drops, the
+broker keeps its leases for ``msgTimeoutMs`` so the driver can resume it; if
+the driver is gone for longer, or hangs, the leases are requeued or time out.
+Either way the messages are read again: at least once. A task whose lease is
+gone fails (Spark retries it, then fails the query) rather than reading nothing.
 
 When Spark lets us know a batch is done: ``commit(end)`` (only when the next
 batch has data), and ``latestOffset(start, ...)``, which Spark calls only once
 every batch ending at or before ``start`` is in the commit log — so both FIN
-everything up to their offset.
+everything up to their offset. After a ``once`` trigger, or a query stopped
+right after a batch, neither comes: the next start's first ``latestOffset``
+FINs the last committed batch's leases, whether still held or requeued since
+(the broker remembers requeued and timed-out leases by their messages' ids).
 
 Offsets are JSON dicts::
 
     {"batch": 7,                                  # micro-batch counter of this source
-     "leases": {"0": {"address": "127.0.0.1:4170", "lease": "9f0c...", "count": 500}}}
+     "leases": {"0": {"address": "127.0.0.1:4170", "lease": "9f0c...", "count": 500,
+                      "broker": "5d1e..."}}}      # the broker instance holding it
 
 ``leases`` names the leases that batch ``batch`` reads (one per broker that
 had messages); ``{"batch": 0, "leases": {}}`` is the initial offset. A batch
@@ -32,7 +39,9 @@ replayed from the checkpoint (Spark calls ``partitions`` for a batch this
 reader did not plan) first *adopts* its leases: a live lease changes hands, and
 a lease requeued when the old driver went away takes back those of its messages
 still waiting in the channel. So the replay reads what the failed run read, and
-a writer that de-duplicates by (query, batch, partition) publishes nothing twice.
+a writer that de-duplicates by (query, writer, batch, partition) publishes
+nothing twice. A lease made by a broker instance that has since restarted is
+gone: its messages are back in that broker's channel and a later batch reads them.
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
+from pyspark.sql.streaming.datasource import (ReadLimit, ReadMaxBytes, ReadMaxRows,
                                               SupportsTriggerAvailableNow)
 
 from .options import ReaderOptions
@@ -50,8 +59,6 @@ from .session import BrokerUnreachable, LeaseKeeper
 
 log = logging.getLogger("pynsq.spark")
 
-# The most one lease may hold when Spark asks for everything available.
-MAX_LEASE = 1 << 30
 INITIAL_OFFSET = {"batch": 0, "leases": {}}
 
 
@@ -66,6 +73,8 @@ class LeaseSlice(InputPartition):
     topic: str
     channel: str
     timeout_s: float
+    broker_id: str = ""              # the broker instance that made the lease
+    fail_on_data_loss: bool = True   # a lease gone fails the task, else reads nothing
 
 
 class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -90,9 +99,7 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return dict(INITIAL_OFFSET)
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        if self.options.max_messages_per_trigger:
-            return ReadMaxRows(self.options.max_messages_per_trigger)
-        return ReadAllAvailable()
+        return ReadMaxRows(self.options.max_messages_per_trigger)
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self.keeper.depths()
@@ -104,8 +111,12 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         planned = keeper.planned(batch + 1)
         if planned is not None:
             return planned
-        wanted = limit.max_rows if isinstance(limit, ReadMaxRows) else MAX_LEASE
-        leases = keeper.reserve(batch + 1, wanted, self._target)
+        # Every batch is bounded: Spark's limit if it gives one, else the options'.
+        o = self.options
+        wanted = limit.max_rows if isinstance(limit, ReadMaxRows) else o.max_messages_per_trigger
+        max_bytes = (limit.max_bytes if isinstance(limit, ReadMaxBytes)
+                     else o.max_bytes_per_trigger)
+        leases = keeper.reserve(batch + 1, wanted, max_bytes, self._target)
         if not leases:
             return start
         return {"batch": batch + 1, "leases": leases}
@@ -120,12 +131,13 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if start == end:
             return []
         # A batch this reader did not plan is a replay from the checkpoint.
-        self.keeper.adopt(int(end.get("batch", 0)), end.get("leases", {}))
-        n = self.options.num_partitions
-        timeout_s = self.options.timeout_ms / 1000
-        return [LeaseSlice(lease["address"], lease["lease"], p, n, self.options.topic,
-                           self.options.channel, timeout_s)
+        gone = self.keeper.adopt(int(end.get("batch", 0)), end.get("leases", {}))
+        o = self.options
+        n = o.num_partitions
+        return [LeaseSlice(lease["address"], lease["lease"], p, n, o.topic, o.channel,
+                           o.timeout_ms / 1000, lease.get("broker", ""), o.fail_on_data_loss)
                 for _, lease in sorted(end.get("leases", {}).items(), key=lambda kv: int(kv[0]))
+                if lease["lease"] not in gone
                 for p in range(n)]
 
     def commit(self, end: dict) -> None:
@@ -133,6 +145,9 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         if self._keeper is not None:
+            # Batches not known committed go back now; if one was committed after all,
+            # the next start FINs it (the broker remembers requeued leases).
+            self._keeper.requeue_open()
             self._keeper.close()
             self._keeper = None
 

@@ -2,22 +2,27 @@
 of the micro-batches Spark has planned but not yet committed.
 
 A ``LeaseKeeper`` lives in the process where Spark runs the stream reader's
-driver methods. It keeps one lease session stream open per broker (the broker
-requeues a session's leases the moment that stream ends) and a thread that
+driver methods. It keeps one lease session open per broker and a thread that
 touches every open lease often enough that a batch running longer than
-``msgTimeoutMs`` keeps its messages.
+``msgTimeoutMs`` keeps its messages. When a session's stream drops (a network
+blip, a proxy's idle timeout), the broker keeps its leases for a grace period
+of ``msgTimeoutMs``; the keeper reconnects and resumes it, or, if the grace
+period passed, opens a new session and adopts its batches' leases again.
+
+Brokers fail apart: one that does not answer stops neither the reads nor the
+TOUCHes of the others. With ``failOnDataLoss`` (the default) it fails the
+query, naming its address; without, the query goes on with the others and
+tries it again on each trigger.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Iterable
+from typing import Callable, Iterable
 
-import grpc
-
-from broker.api import broker_pb2 as pb
-from broker.client import BrokerUnavailable, Client, ClientError
+from broker.client import BrokerUnavailable, Client, ClientError, LeaseSession
+from broker.errors import LeaseNotFound
 
 from .options import ReaderOptions
 
@@ -35,94 +40,136 @@ class _BrokerSession:
         self.address = address
         self.options = options
         self.client = Client(address, timeout=options.timeout_ms / 1000)
+        self.session: LeaseSession | None = None
         try:
             self.client.ping(timeout=options.timeout_ms / 1000)
+            self.open()
         except BrokerUnavailable as err:
             self.client.close()
-            raise BrokerUnreachable(
-                f"pynsq source: cannot reach the broker at {address} (option address): "
-                f"{err}") from None
-        self.session_id = ""
-        self._stream = None
-        self.open()
+            raise unreachable(address, err) from None
 
-    def open(self) -> None:
+    @property
+    def broker_id(self) -> str:
+        return self.session.broker_id if self.session else ""
+
+    def open(self) -> bool:
+        """Open the session, resuming the previous one if the broker still keeps it.
+        Returns whether the leases held before are still held by this session."""
+        previous = self.session.session_id if self.session is not None else ""
         name = self.options.client_id or f"spark:{self.options.topic}/{self.options.channel}"
-        self._stream = self.client.stub.OpenLeaseSession(pb.LeaseSessionRequest(client_id=name))
-        self.session_id = next(self._stream).session_id
-        threading.Thread(target=self._drain, args=(self._stream,), daemon=True,
-                         name="pynsq-lease-session").start()
+        self.session = self.client.open_lease_session(
+            name, session_id=previous, grace_ms=self.options.msg_timeout_ms)
+        if previous and not self.session.resumed:
+            log.warning("pynsq: lease session on %s had ended; opened a new one", self.address)
+        return self.session.resumed
 
-    def _drain(self, stream) -> None:
-        try:
-            for _ in stream:
-                pass
-        except grpc.RpcError:
-            pass
+    def reconnect(self, held: list[str]) -> None:
+        """If the session's stream dropped: resume it, or open anew and adopt ``held``."""
+        if self.session is not None and self.session.alive:
+            return
+        log.warning("pynsq: lease session stream to %s dropped; reconnecting", self.address)
+        if not self.open() and held:
+            self.adopt(held)
 
-    def reserve(self, max_messages: int) -> tuple[str, int]:
-        request = pb.ReserveRequest(session_id=self.session_id, topic=self.options.topic,
-                                    channel=self.options.channel, max_messages=max_messages,
-                                    msg_timeout_ms=self.options.msg_timeout_ms)
+    def reserve(self, max_messages: int, max_bytes: int) -> tuple[str, int, int]:
+        def call():
+            return self.client.reserve(self.session.session_id, self.options.topic,
+                                       self.options.channel, max_messages, max_bytes=max_bytes,
+                                       msg_timeout_ms=self.options.msg_timeout_ms)
         try:
-            reply = self.client._call(self.client.stub.Reserve, request)
-        except ClientError as err:
-            if err.status != grpc.StatusCode.NOT_FOUND:
-                raise
+            reply = call()
+        except LeaseNotFound:
             # The session ended (the broker restarted): open a new one and retry.
-            log.warning("lease session on %s ended; opening a new one", self.address)
-            self.close_stream()
             self.open()
-            request.session_id = self.session_id
-            reply = self.client._call(self.client.stub.Reserve, request)
-        return reply.lease_id, reply.count
+            reply = call()
+        return reply.lease_id, reply.count, reply.bytes
 
-    def leases(self, method: str, lease_ids: list[str]) -> None:
-        if lease_ids:
-            self.client._call(getattr(self.client.stub, method),
-                              pb.LeaseRequest(lease_ids=lease_ids))
-
-    def adopt(self, lease_ids: list[str]) -> int:
-        reply = self.client._call(self.client.stub.AdoptLeases, pb.AdoptLeasesRequest(
-            session_id=self.session_id, lease_ids=lease_ids))
-        return reply.count
+    def adopt(self, lease_ids: list[str]) -> tuple[int, list[str]]:
+        reply = self.client.adopt_leases(self.session.session_id, lease_ids)
+        return reply.count, list(reply.missing)
 
     def depth(self) -> int:
         stats = self.client.stats(self.options.topic, self.options.channel)
         return sum(c.depth for t in stats.topics for c in t.channels)
 
-    def close_stream(self) -> None:
-        if self._stream is not None:
-            self._stream.cancel()
-            self._stream = None
-
     def close(self) -> None:
-        self.close_stream()
+        if self.session is not None:
+            self.session.close()
         self.client.close()
+
+
+def unreachable(address: str, err: Exception) -> BrokerUnreachable:
+    return BrokerUnreachable(f"pynsq source: cannot reach the broker at {address} "
+                             f"(option address): {err}")
 
 
 class LeaseKeeper:
     def __init__(self, options: ReaderOptions) -> None:
         self.options = options
-        self._sessions = {address: _BrokerSession(address, options)
-                          for address in options.addresses}
+        self._sessions: dict[str, _BrokerSession] = {}
         self._open: dict[int, dict[str, dict]] = {}  # batch -> leases of its offset
-        self._lock = threading.Lock()
+        self._unfinished: dict[str, set[str]] = {}  # address -> leases whose FIN failed
+        self._lock = threading.RLock()
         self._closed = threading.Event()
+        self._turn = 0  # which broker reserve asks first
+        self._connect(initial=True)
         self._touch_every = max(0.5, options.msg_timeout_ms / 1000 / 4)
         threading.Thread(target=self._keep_alive, daemon=True, name="pynsq-lease-touch").start()
 
+    # -- brokers -------------------------------------------------------------
+    def _connect(self, initial: bool = False) -> None:
+        """Open a session with every broker not connected yet."""
+        for address in self.options.addresses:
+            if address in self._sessions:
+                continue
+            try:
+                self._sessions[address] = _BrokerSession(address, self.options)
+            except BrokerUnreachable as err:
+                if self.options.fail_on_data_loss:
+                    raise
+                if initial:
+                    log.warning("%s; going on with the other brokers (failOnDataLoss=false)",
+                                err)
+        if not self._sessions:
+            raise BrokerUnreachable(f"pynsq source: no broker of option address answered: "
+                                    f"{', '.join(self.options.addresses)}")
+
+    def _each_broker(self, addresses: Iterable[str], action: Callable[[_BrokerSession], object],
+                     what: str) -> dict[str, object]:
+        """Run ``action`` on each broker; one that fails does not stop the others."""
+        results: dict[str, object] = {}
+        for address in addresses:
+            session = self._sessions.get(address)
+            if session is None:
+                continue
+            try:
+                results[address] = action(session)
+            except BrokerUnavailable as err:
+                if self.options.fail_on_data_loss:
+                    raise unreachable(address, err) from None
+                log.warning("pynsq: %s on %s failed: %s", what, address, err)
+        return results
+
+    def held_on(self, address: str) -> list[str]:
+        with self._lock:
+            return sorted({lease["lease"] for leases in self._open.values()
+                           for lease in leases.values() if lease["address"] == address})
+
+    def broker_id(self, address: str) -> str | None:
+        session = self._sessions.get(address)
+        return session.broker_id if session is not None else None
+
+    # -- driver calls --------------------------------------------------------
     def ensure_channel(self) -> None:
         """Create the channel on every broker, so it gets what is published from now on."""
-        for session in self._sessions.values():
-            session.client.admin("channel", "create", self.options.topic, self.options.channel)
+        o = self.options
+        self._each_broker(list(self._sessions),
+                          lambda s: s.client.admin("channel", "create", o.topic, o.channel),
+                          "creating the channel")
 
     def depths(self) -> dict[str, int]:
         self.ensure_channel()
-        try:
-            return {address: s.depth() for address, s in self._sessions.items()}
-        except BrokerUnavailable as err:
-            raise BrokerUnreachable(str(err)) from None
+        return self._each_broker(list(self._sessions), lambda s: s.depth(), "stats")
 
     def planned(self, batch: int) -> dict | None:
         """The offset of ``batch`` if it was reserved and not finished yet."""
@@ -130,70 +177,120 @@ class LeaseKeeper:
             leases = self._open.get(batch)
         return {"batch": batch, "leases": leases} if leases else None
 
-    def reserve(self, batch: int, wanted: int, target: dict[str, int] | None) -> dict[str, dict]:
-        """Lease up to ``wanted`` messages across the brokers for ``batch``."""
+    def reserve(self, batch: int, wanted: int, max_bytes: int,
+                target: dict[str, int] | None) -> dict[str, dict]:
+        """Lease up to ``wanted`` messages (``max_bytes`` of bodies) for ``batch``, spread
+        over the brokers: each is offered an equal share first, then what is left."""
+        if not self.options.fail_on_data_loss:
+            self._connect()
+        addresses = list(self._sessions)
+        self._turn = (self._turn + 1) % max(1, len(addresses))
+        addresses = addresses[self._turn:] + addresses[:self._turn]
         leases: dict[str, dict] = {}
-        for address, session in self._sessions.items():
-            budget = wanted if target is None else min(wanted, target.get(address, 0))
-            if budget <= 0:
-                continue
-            lease_id, count = session.reserve(budget)
-            if not lease_id:
-                continue
-            leases[str(len(leases))] = {"address": address, "lease": lease_id, "count": count}
-            wanted -= count
-            if target is not None:
-                target[address] -= count
+        left, bytes_left = wanted, max_bytes
+        share = -(-wanted // max(1, len(addresses)))
+        byte_share = -(-max_bytes // max(1, len(addresses)))
+        for first_pass in (True, False):
+            for address in addresses:
+                if left <= 0 or bytes_left <= 0:
+                    break
+                budget = min(left, share) if first_pass else left
+                if target is not None:
+                    budget = min(budget, target.get(address, 0))
+                if budget <= 0:
+                    continue
+                byte_budget = min(bytes_left, byte_share) if first_pass else bytes_left
+                got = self._each_broker([address], lambda s: s.reserve(budget, byte_budget),
+                                        "reserve")
+                lease_id, count, size = got.get(address, ("", 0, 0))
+                if not lease_id:
+                    continue
+                leases[str(len(leases))] = {"address": address, "lease": lease_id,
+                                            "count": count, "broker": self.broker_id(address)}
+                left -= count
+                bytes_left -= size
+                if target is not None:
+                    target[address] -= count
         if leases:
             with self._lock:
                 self._open[batch] = leases
         return leases
 
-    def adopt(self, batch: int, leases: dict[str, dict]) -> None:
-        """Hold the leases of a batch planned by an earlier run (a replay)."""
+    def adopt(self, batch: int, leases: dict[str, dict]) -> set[str]:
+        """Hold the leases of a batch planned by an earlier run (a replay).
+
+        Returns the ids of leases that are gone for good: adopted with nothing
+        left, or made by a broker instance that since restarted. Their messages
+        are back in the channel for a later batch.
+        """
         with self._lock:
             if batch in self._open:
-                return
+                return set()
             self._open[batch] = leases
+        gone: set[str] = set()
         by_address: dict[str, list[str]] = {}
         for lease in leases.values():
+            current = self.broker_id(lease["address"])
+            if lease.get("broker") and current is not None and lease["broker"] != current:
+                log.warning("replaying batch %d: lease %s was made by broker instance %s, "
+                            "now %s answers at %s (restarted): its messages are back in the "
+                            "channel", batch, lease["lease"], lease["broker"], current,
+                            lease["address"])
+                gone.add(lease["lease"])
+                continue
             by_address.setdefault(lease["address"], []).append(lease["lease"])
-        for address, ids in by_address.items():
-            session = self._sessions.get(address)
-            if session is not None:
-                count = session.adopt(ids)
-                log.info("replaying batch %d: adopted %d message(s) of %d lease(s) on %s",
-                         batch, count, len(ids), address)
+        adopted = self._each_broker(by_address, lambda s: s.adopt(by_address[s.address]),
+                                    "adopting leases")
+        for address, (count, missing) in adopted.items():
+            log.info("replaying batch %d: adopted %d message(s) of %d lease(s) on %s",
+                     batch, count, len(by_address[address]), address)
+            gone.update(missing)
+        return gone
 
     def finish_through(self, batch: int, offset_leases: dict[str, dict]) -> None:
-        """FIN the leases of every batch up to ``batch``, and those the offset names."""
+        """FIN the leases of every batch up to ``batch``, and those the offset names
+        (held, or requeued since: the broker FINs what of them still waits)."""
         with self._lock:
             done = [b for b in self._open if b <= batch]
             groups = [self._open.pop(b) for b in done]
-        groups.append(offset_leases or {})
-        self._each(groups, "FinishLeases")
+            groups.append(offset_leases or {})
+            by_address = self._unfinished
+            self._unfinished = {}
+            for leases in groups:
+                for lease in leases.values():
+                    by_address.setdefault(lease["address"], set()).add(lease["lease"])
+        finished = self._each_broker(
+            by_address, lambda s: s.client.finish_leases(sorted(by_address[s.address])), "FIN")
+        with self._lock:
+            for address, ids in by_address.items():
+                if address not in finished and address in self._sessions:
+                    self._unfinished.setdefault(address, set()).update(ids)
+
+    def requeue_open(self) -> None:
+        """Give back the leases of batches not known committed (the query stops)."""
+        with self._lock:
+            groups = list(self._open.values())
+            self._open.clear()
+        by_address: dict[str, list[str]] = {}
+        for leases in groups:
+            for lease in leases.values():
+                by_address.setdefault(lease["address"], []).append(lease["lease"])
+        try:
+            self._each_broker(by_address, lambda s: s.client.requeue_leases(
+                by_address[s.address]), "REQ")
+        except BrokerUnreachable as err:
+            log.warning("%s: its leases are requeued when its grace period ends", err)
 
     def _keep_alive(self) -> None:
         while not self._closed.wait(self._touch_every):
-            with self._lock:
-                groups = list(self._open.values())
-            try:
-                self._each(groups, "TouchLeases")
-            except ClientError as err:
-                log.warning("touching leases failed: %s", err)
-
-    def _each(self, groups: Iterable[dict[str, dict]], method: str) -> None:
-        by_address: dict[str, set[str]] = {}
-        for leases in groups:
-            for lease in leases.values():
-                by_address.setdefault(lease["address"], set()).add(lease["lease"])
-        for address, ids in by_address.items():
-            session = self._sessions.get(address)
-            if session is None:  # a lease of a broker no longer in the option
-                log.warning("ignoring %d lease(s) of %s (not in option address)", len(ids),
-                            address)
-                continue
-            session.leases(method, sorted(ids))
+            for address, session in list(self._sessions.items()):
+                held = self.held_on(address)
+                try:
+                    session.reconnect(held)
+                    if held:
+                        session.client.touch_leases(held)
+                except ClientError as err:  # this broker only; the others go on
+                    log.warning("pynsq: touching leases on %s failed: %s", address, err)
 
     def close(self) -> None:
         self._closed.set()

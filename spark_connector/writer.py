@@ -15,14 +15,19 @@ Input columns: ``body`` (BINARY or STRING, required, never null), ``topic``
 ``defer_ms`` (integer, optional: DPUB per row). Each partition publishes its
 rows in MPUB batches of ``batchSize``; nothing is collected to the driver.
 
-No duplicates on replay: every MPUB names a producer id — (query id, batch id,
-partition) for streams, (write id, partition) for batch writes — and its
-sequence within the partition; the broker answers a request it already
-accepted (within its window, 10 minutes) with the first ids and publishes
-nothing. A micro-batch or task that Spark runs again after some of its
-partitions published therefore publishes each row once, as long as it reads
-the same rows in the same order (the pynsq source guarantees this for
-replayed batches) and the broker was not restarted in between.
+No duplicates on replay: every MPUB names a producer id and its sequence
+within the partition. The producer id names the writer: for streams (query id,
+writer name, batch id, partition), where the writer name is ``producer`` if
+given, else ``to-<topic>`` for ``pub_to_topic`` and the ``producer`` option
+(default ``sink``) for the sink; for batch writes (write id, partition). The
+broker keeps one entry per accepted MPUB (first id, count, and a digest of
+topic, bodies and defers) for its de-duplication window (10 minutes). A replay
+of the same rows in the same order publishes nothing and gets the first ids; a
+replay whose rows differ (another ``batchSize``, ``numPartitions`` or row order,
+two writers sharing one name, a copied checkpoint) fails the batch with
+``ProducerConflict`` naming the producer: never a silent drop. Two
+``pub_to_topic`` calls to one topic in one ``foreachBatch`` need distinct
+``producer`` names.
 """
 
 from __future__ import annotations
@@ -53,7 +58,9 @@ class WriterOptions:
     topic: str | None
     batch_size: int
 
-    NAMES = ("address", "topic", "batchSize")
+    producer: str = "sink"
+
+    NAMES = ("address", "topic", "batchSize", "producer")
 
     @classmethod
     def parse(cls, options: Mapping[str, str], schema: StructType) -> "WriterOptions":
@@ -69,7 +76,15 @@ class WriterOptions:
             topic = require_name(given, "topic", "topic")
         check_columns(schema, BODY, DEFER if DEFER in schema.names else None,
                       TOPIC if TOPIC in schema.names else None)
-        return cls(addresses[0], topic, _int(given, "batchSize", DEFAULT_BATCH_SIZE))
+        producer = given.get("producer", "sink")
+        check_producer(producer, "option producer")
+        return cls(addresses[0], topic, _int(given, "batchSize", DEFAULT_BATCH_SIZE), producer)
+
+
+def check_producer(name: str, what: str) -> None:
+    if not name or ":" in name:
+        raise OptionError(f"{what}: a writer name must be non-empty and have no ':', "
+                          f"got {name!r}")
 
 
 def check_columns(schema: StructType, body: str, defer: str | None, topic: str | None) -> None:
@@ -174,18 +189,22 @@ def publish_partition(address: str, topic: str | None, producer: str, batch_size
 
 def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SIZE,
                  body_column: str = BODY, defer_column: str | None = None,
-                 topic_column: str | None = None):
+                 topic_column: str | None = None, producer: str | None = None):
     """A ``foreachBatch`` function publishing each micro-batch to ``topic``.
 
     ``body_column`` (BINARY or STRING) is required; ``defer_column`` gives a
     per-row defer in milliseconds; ``topic_column`` overrides ``topic`` per row.
     Each partition publishes from its executor in MPUB batches of
     ``batch_size``. A broker error fails the batch, so Spark retries it; the
-    retry publishes nothing already published.
+    retry publishes nothing already published. ``producer`` names this writer
+    for de-duplication (default ``to-<topic>``): give two calls to the same
+    topic in one ``foreachBatch`` different names.
     """
     parse_addresses(address)
     if batch_size < 1:
         raise OptionError(f"batch_size must be at least 1, got {batch_size}")
+    writer = producer if producer is not None else f"to-{topic}"
+    check_producer(writer, "producer")
 
     def publish_batch(df, batch_id: int) -> None:
         check_columns(df.schema, body_column, defer_column, topic_column)
@@ -202,8 +221,8 @@ def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SI
         def publish(batches: Iterator) -> Iterator:
             import pyarrow as pa
 
-            published = publish_partition(address, topic, f"{query_id}:{batch_id}", batch_size,
-                                          f"batch {batch_id}", batches)
+            published = publish_partition(address, topic, f"{query_id}:{writer}:{batch_id}",
+                                          batch_size, f"batch {batch_id}", batches)
             yield pa.RecordBatch.from_pydict({"published": [published]})
 
         df.select(*columns).mapInArrow(publish, "published LONG").groupBy().sum().collect()
@@ -217,7 +236,8 @@ class _Count(WriterCommitMessage):
 
 
 class PynsqStreamWriter(DataSourceStreamArrowWriter):
-    """``df.writeStream.format("pynsq")``: one producer id per (query, batch, partition)."""
+    """``df.writeStream.format("pynsq")``: one producer id per (query, writer name, batch,
+    partition)."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self.options = WriterOptions.parse(options, schema)
@@ -229,7 +249,8 @@ class PynsqStreamWriter(DataSourceStreamArrowWriter):
         query_id = ctx.getLocalProperty("sql.streaming.queryId")
         batch_id = ctx.getLocalProperty("streaming.sql.batchId")
         o = self.options
-        return _Count(publish_partition(o.address, o.topic, f"{query_id}:{batch_id}",
+        return _Count(publish_partition(o.address, o.topic,
+                                        f"{query_id}:{o.producer}:{batch_id}",
                                         o.batch_size, f"batch {batch_id}", iterator))
 
     def commit(self, messages, batchId: int) -> None:

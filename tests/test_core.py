@@ -343,7 +343,7 @@ def test_a_lease_holds_messages_until_finished_or_its_session_ends(core, clock):
     core.close_lease_session(session.session_id)
     ch = core.channel("t", "ch")
     assert (ch.depth, ch.in_flight_count, ch.finish_count) == (4, 0, 6)
-    assert core.finish_leases([other.lease_id]) == (0, [other.lease_id])
+    assert core.touch_leases([other.lease_id]) == (0, [other.lease_id])
 
 
 def test_a_lease_times_out_unless_touched(core, clock):

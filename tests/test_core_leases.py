@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from broker import InvalidRequest, LeaseNotFound
+from broker.errors import WrongBroker
 
 from .corekit import advance, new_broker, subscribe
 
@@ -75,16 +76,109 @@ def test_touch_renews_the_lease_deadline():
     assert broker.channel("events", "spark").timeout_count == 6
 
 
-def test_lease_timeout_requeues_its_messages_and_the_lease_is_then_missing():
+def test_lease_timeout_requeues_its_messages_and_the_lease_is_then_not_found():
     broker, clock = new_broker()
     _, ids, lease, _ = leased(broker, msg_timeout_ms=1000)
     advance(broker, clock, 1.0)
     ch = broker.channel("events", "spark")
     assert (ch.depth, ch.in_flight_count, ch.timeout_count) == (10, 0, 6)
-    assert broker.finish_leases([lease.lease_id]) == (0, [lease.lease_id])
-    assert ch.finish_count == 0
     with pytest.raises(LeaseNotFound):
         broker.lease(lease.lease_id)
+    assert broker.touch_leases([lease.lease_id]) == (0, [lease.lease_id])
+
+
+def test_finishing_a_timed_out_lease_fins_what_of_it_still_waits():
+    """A committed batch whose lease timed out must not be read again."""
+    broker, clock = new_broker()
+    _, ids, lease, _ = leased(broker, msg_timeout_ms=1000)
+    advance(broker, clock, 1.0)
+    assert broker.finish_leases([lease.lease_id]) == (6, [])
+    c = subscribe(broker, "events", "spark", rdy=100)
+    assert c.ids == ids[6:]
+
+
+def test_a_timed_out_lease_is_remembered_by_ids_only_and_adopted():
+    broker, clock = new_broker()
+    _, ids, lease, _ = leased(broker, msg_timeout_ms=1000)
+    advance(broker, clock, 1.0)
+    broker.tick()
+    remembered = broker._requeued[lease.lease_id]
+    assert remembered.ids == ids[:6] and not hasattr(remembered, "order")
+    other = broker.open_lease_session()
+    assert broker.adopt_leases(other.session_id, [lease.lease_id]) == (6, [])
+    assert [m.id for m in broker.lease(lease.lease_id).slice(0, 1)] == ids[:6]
+
+
+def test_finishing_a_requeued_lease_after_others_took_some_fins_only_the_rest():
+    broker, _ = new_broker()
+    session, ids, lease, _ = leased(broker)
+    broker.close_lease_session(session.session_id)
+    c = subscribe(broker, "events", "spark", rdy=2)
+    assert c.ids == ids[:2]
+    assert broker.finish_leases([lease.lease_id]) == (4, [])
+    ch = broker.channel("events", "spark")
+    assert (ch.depth, ch.finish_count) == (4, 4)
+
+
+def test_a_dropped_session_keeps_its_leases_for_its_grace_period_and_can_be_resumed():
+    broker, clock = new_broker()
+    session, ids, lease, _ = leased(broker, msg_timeout_ms=60_000)
+    session.grace = 5.0
+    broker.detach_lease_session(session.session_id)
+    advance(broker, clock, 4.0)
+    assert broker.channel("events", "spark").in_flight_count == 6
+    resumed = broker.open_lease_session(session_id=session.session_id)
+    assert resumed is session and resumed.resumed
+    advance(broker, clock, 10.0)
+    assert [m.id for m in broker.lease(lease.lease_id).slice(0, 1)] == ids[:6]
+
+
+def test_a_stream_replaced_by_a_resume_that_ends_late_detaches_nothing():
+    broker, clock = new_broker()
+    session, ids, lease, _ = leased(broker, msg_timeout_ms=60_000)
+    session.grace = 5.0
+    old_stream = session.stream
+    broker.open_lease_session(session_id=session.session_id)  # resumed before the drop is seen
+    broker.detach_lease_session(session.session_id, old_stream)
+    advance(broker, clock, 10.0)
+    assert broker.channel("events", "spark").in_flight_count == 6
+
+
+def test_a_dropped_session_past_its_grace_period_requeues_its_leases():
+    broker, clock = new_broker()
+    session, ids, lease, _ = leased(broker, msg_timeout_ms=60_000)
+    session.grace = 5.0
+    broker.detach_lease_session(session.session_id)
+    advance(broker, clock, 5.0)
+    ch = broker.channel("events", "spark")
+    assert (ch.depth, ch.in_flight_count) == (10, 0)
+    fresh = broker.open_lease_session(session_id=session.session_id)
+    assert fresh is not session and not fresh.resumed
+
+
+def test_the_grace_period_defaults_to_the_msg_timeout_capped_by_max_msg_timeout():
+    broker, _ = new_broker(msg_timeout=30_000, max_msg_timeout=45_000)
+    assert broker.open_lease_session().grace == 30.0
+    assert broker.open_lease_session(grace_ms=90_000).grace == 45.0
+
+
+def test_a_lease_asked_of_another_broker_instance_is_refused_by_name():
+    broker, _ = new_broker()
+    _, _, lease, _ = leased(broker)
+    with pytest.raises(WrongBroker, match="another broker, or this one restarted"):
+        broker.lease(lease.lease_id, broker_id="0123456789abcdef")
+    assert len(broker.lease(lease.lease_id, broker_id=broker.instance_id).order) == 6
+
+
+def test_reserve_stops_at_max_bytes_but_takes_one_message_at_least():
+    broker, _ = new_broker()
+    session = broker.open_lease_session()
+    broker.create_channel("events", "spark")
+    broker.multi_publish("events", [b"x" * 100] * 10)
+    lease, depth = broker.reserve(session.session_id, "events", "spark", 10, max_bytes=350)
+    assert (len(lease.order), depth) == (3, 7)
+    lease, _ = broker.reserve(session.session_id, "events", "spark", 10, max_bytes=10)
+    assert len(lease.order) == 1
 
 
 def test_ending_the_session_requeues_its_leases_at_once():

@@ -1,5 +1,6 @@
-"""Leases over gRPC, as the Spark connector uses them: a session stream,
-Reserve, FetchLease slices, FinishLeases, RequeueLeases, TouchLeases."""
+"""Leases over gRPC, as the Spark connector uses them through ``broker.Client``: a
+session stream, Reserve, FetchLease slices, FinishLeases, RequeueLeases,
+TouchLeases, AdoptLeases, and a session resumed after its stream dropped."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import time
 import grpc
 import pytest
 
-from broker import columns
+from broker import LeaseNotFound, columns
 from broker.api import broker_pb2 as pb
+from broker.client import ClientError
+from broker.errors import WrongBroker
 
 from .helpers import wait_for
 from .grpckit import channel_stats, collect
@@ -17,27 +20,21 @@ from .grpckit import channel_stats, collect
 
 @pytest.fixture
 def session(client):
-    """An open lease session: (session id, the stream that keeps it alive)."""
-    stream = client.stub.OpenLeaseSession(pb.LeaseSessionRequest(client_id="planner"))
-    first = next(stream)
-    yield first.session_id, stream
-    stream.cancel()
+    """An open lease session: (session id, the ``LeaseSession`` that keeps it alive)."""
+    opened = client.open_lease_session("planner")
+    yield opened.session_id, opened
+    opened.close()
 
 
 def reserve(client, session_id: str, max_messages: int = 6, msg_timeout_ms: int = 60_000):
-    return client.stub.Reserve(pb.ReserveRequest(
-        session_id=session_id, topic="events", channel="spark", max_messages=max_messages,
-        msg_timeout_ms=msg_timeout_ms), timeout=10)
+    return client.reserve(session_id, "events", "spark", max_messages,
+                          msg_timeout_ms=msg_timeout_ms)
 
 
-def fetch(client, lease_id: str, partition: int = 0, num_partitions: int = 1) -> list:
-    frames = client.stub.FetchLease(pb.FetchLeaseRequest(
-        lease_id=lease_id, partition=partition, num_partitions=num_partitions), timeout=10)
+def fetch(client, lease_id: str, partition: int = 0, num_partitions: int = 1,
+          broker_id: str = "") -> list:
+    frames = client.fetch_lease(lease_id, partition, num_partitions, broker_id=broker_id)
     return [row for frame in frames for row in columns.decode(frame)]
-
-
-def leases(lease_id: str) -> pb.LeaseRequest:
-    return pb.LeaseRequest(lease_ids=[lease_id])
 
 
 @pytest.fixture
@@ -61,18 +58,18 @@ def test_reserve_of_an_empty_channel_returns_no_lease(client, session):
 
 def test_finish_leases_removes_the_messages(client, session, published):
     lease = reserve(client, session[0])
-    done = client.stub.FinishLeases(leases(lease.lease_id))
+    done = client.finish_leases([lease.lease_id])
     assert (done.count, list(done.missing)) == (6, [])
     stats = channel_stats(client, "events", "spark")
     assert (stats.depth, stats.in_flight_count, stats.finish_count) == (4, 0, 6)
-    with pytest.raises(grpc.RpcError) as err:
+    with pytest.raises(LeaseNotFound, match=lease.lease_id) as err:
         fetch(client, lease.lease_id)
-    assert err.value.code() == grpc.StatusCode.NOT_FOUND and lease.lease_id in err.value.details()
+    assert err.value.code == "E_LEASE_NOT_FOUND" and isinstance(err.value, ClientError)
 
 
 def test_requeued_leases_are_delivered_again(client, session, published):
     lease = reserve(client, session[0])
-    assert client.stub.RequeueLeases(leases(lease.lease_id)).count == 6
+    assert client.requeue_leases([lease.lease_id]).count == 6
     with client.subscribe("events", "spark", rdy=10) as sub:
         got = collect([sub], 10)
     assert sorted(m.id for _, m in got) == published
@@ -83,38 +80,74 @@ def test_touch_keeps_a_lease_past_its_timeout(client, session, published):
     lease = reserve(client, session[0], msg_timeout_ms=1000)
     started = time.monotonic()
     while time.monotonic() - started < 1.5:  # past the timeout, touching often
-        assert client.stub.TouchLeases(leases(lease.lease_id)).count == 6
+        assert client.touch_leases([lease.lease_id]).count == 6
         time.sleep(0.1)
-    assert client.stub.FinishLeases(leases(lease.lease_id)).count == 6
+    assert client.finish_leases([lease.lease_id]).count == 6
     assert channel_stats(client, "events", "spark").timeout_count == 0
 
 
-def test_lease_that_times_out_is_requeued_and_reported_missing(client, session, published):
+def test_lease_that_times_out_is_requeued_and_touch_reports_it_missing(client, session,
+                                                                      published):
     lease = reserve(client, session[0], msg_timeout_ms=100)
     wait_for(lambda: channel_stats(client, "events", "spark").timeout_count == 6)
-    done = client.stub.FinishLeases(leases(lease.lease_id))
-    assert (done.count, list(done.missing)) == (0, [lease.lease_id])
     assert channel_stats(client, "events", "spark").depth == 10
+    done = client.touch_leases([lease.lease_id])
+    assert (done.count, list(done.missing)) == (0, [lease.lease_id])
 
 
-def test_ending_the_session_requeues_its_leases_at_once(client, session, published):
-    session_id, stream = session
-    lease = reserve(client, session_id, msg_timeout_ms=600_000)
-    stream.cancel()
+def test_finishing_a_timed_out_lease_fins_its_messages_still_waiting(client, session, published):
+    lease = reserve(client, session[0], msg_timeout_ms=100)
+    wait_for(lambda: channel_stats(client, "events", "spark").timeout_count == 6)
+    assert client.finish_leases([lease.lease_id]).count == 6
+    assert channel_stats(client, "events", "spark").depth == 4
+
+
+def test_a_dropped_session_requeues_its_leases_after_its_grace_period(client, published):
+    dropped = client.open_lease_session("planner", grace_ms=300)
+    lease = reserve(client, dropped.session_id, msg_timeout_ms=600_000)
+    dropped.close()
     wait_for(lambda: channel_stats(client, "events", "spark").depth == 10)
-    assert list(client.stub.FinishLeases(leases(lease.lease_id)).missing) == [lease.lease_id]
-    with pytest.raises(grpc.RpcError) as err:
-        reserve(client, session_id)
-    assert err.value.code() == grpc.StatusCode.NOT_FOUND
-    assert "does not exist (it ended)" in err.value.details()
+    with pytest.raises(LeaseNotFound, match="does not exist \\(it ended\\)"):
+        reserve(client, dropped.session_id)
+    assert client.finish_leases([lease.lease_id]).count == 6  # remembered by id
+
+
+def test_a_dropped_session_is_resumed_with_its_leases_within_its_grace_period(client, published):
+    dropped = client.open_lease_session("planner", grace_ms=600_000)
+    lease = reserve(client, dropped.session_id, msg_timeout_ms=600_000)
+    dropped.close()
+    wait_for(lambda: dropped.ended.is_set())
+    resumed = client.open_lease_session("planner", session_id=dropped.session_id)
+    try:
+        assert resumed.resumed and resumed.session_id == dropped.session_id
+        assert resumed.broker_id == dropped.broker_id
+        assert sorted(m.id for m in fetch(client, lease.lease_id)) == published[:6]
+        assert channel_stats(client, "events", "spark").depth == 4
+    finally:
+        resumed.close()
+        client.requeue_leases([lease.lease_id])
+
+
+def test_a_session_that_cannot_be_resumed_is_opened_anew(client):
+    fresh = client.open_lease_session("planner", session_id="1-0000000000000000")
+    try:
+        assert not fresh.resumed and fresh.session_id != "1-0000000000000000"
+    finally:
+        fresh.close()
+
+
+def test_fetching_a_lease_from_another_broker_instance_fails_loudly(client, session, published):
+    lease = reserve(client, session[0])
+    with pytest.raises(WrongBroker, match="another broker, or this one restarted"):
+        fetch(client, lease.lease_id, broker_id="0123456789abcdef")
+    assert len(fetch(client, lease.lease_id, broker_id=session[1].broker_id)) == 6
 
 
 def test_fetch_of_a_partition_out_of_range_is_refused(client, session, published):
     lease = reserve(client, session[0])
-    with pytest.raises(grpc.RpcError) as err:
+    with pytest.raises(ClientError, match="partition 3 out of range for 3 partition\\(s\\)") as err:
         fetch(client, lease.lease_id, 3, 3)
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "partition 3 out of range for 3 partition(s)" in err.value.details()
+    assert err.value.status == grpc.StatusCode.INVALID_ARGUMENT
 
 
 @pytest.mark.parametrize("change, status, message", [
@@ -135,7 +168,6 @@ def test_bad_reserve_is_refused_naming_what_was_wrong(client, session, published
 
 
 def test_fetch_of_an_unknown_lease_is_not_found(client):
-    with pytest.raises(grpc.RpcError) as err:
+    with pytest.raises(LeaseNotFound, match="lease '0123abcd' does not exist") as err:
         fetch(client, "0123abcd")
-    assert err.value.code() == grpc.StatusCode.NOT_FOUND
-    assert "lease '0123abcd' does not exist" in err.value.details()
+    assert err.value.status == grpc.StatusCode.NOT_FOUND

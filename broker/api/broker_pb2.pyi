@@ -319,52 +319,66 @@ class InfoResponse(_message.Message):
     def __init__(self, version: _Optional[str] = ..., grpc_address: _Optional[str] = ..., start_time: _Optional[int] = ..., max_msg_size: _Optional[int] = ..., max_rdy_count: _Optional[int] = ..., msg_timeout_ms: _Optional[int] = ..., max_msg_timeout_ms: _Optional[int] = ..., max_req_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class LeaseSessionRequest(_message.Message):
-    __slots__ = ("client_id",)
+    __slots__ = ("client_id", "session_id", "grace_ms")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    GRACE_MS_FIELD_NUMBER: _ClassVar[int]
     client_id: str
-    def __init__(self, client_id: _Optional[str] = ...) -> None: ...
+    session_id: str
+    grace_ms: int
+    def __init__(self, client_id: _Optional[str] = ..., session_id: _Optional[str] = ..., grace_ms: _Optional[int] = ...) -> None: ...
 
 class LeaseSessionEvent(_message.Message):
-    __slots__ = ("session_id", "heartbeat")
+    __slots__ = ("session_id", "heartbeat", "broker_id", "resumed")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     heartbeat: Heartbeat
-    def __init__(self, session_id: _Optional[str] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+    broker_id: str
+    resumed: bool
+    def __init__(self, session_id: _Optional[str] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., broker_id: _Optional[str] = ..., resumed: _Optional[bool] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("session_id", "topic", "channel", "max_messages", "msg_timeout_ms")
+    __slots__ = ("session_id", "topic", "channel", "max_messages", "msg_timeout_ms", "max_bytes")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     CHANNEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MSG_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     topic: str
     channel: str
     max_messages: int
     msg_timeout_ms: int
-    def __init__(self, session_id: _Optional[str] = ..., topic: _Optional[str] = ..., channel: _Optional[str] = ..., max_messages: _Optional[int] = ..., msg_timeout_ms: _Optional[int] = ...) -> None: ...
+    max_bytes: int
+    def __init__(self, session_id: _Optional[str] = ..., topic: _Optional[str] = ..., channel: _Optional[str] = ..., max_messages: _Optional[int] = ..., msg_timeout_ms: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
-    __slots__ = ("lease_id", "count", "depth")
+    __slots__ = ("lease_id", "count", "depth", "bytes")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     DEPTH_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     count: int
     depth: int
-    def __init__(self, lease_id: _Optional[str] = ..., count: _Optional[int] = ..., depth: _Optional[int] = ...) -> None: ...
+    bytes: int
+    def __init__(self, lease_id: _Optional[str] = ..., count: _Optional[int] = ..., depth: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class FetchLeaseRequest(_message.Message):
-    __slots__ = ("lease_id", "partition", "num_partitions")
+    __slots__ = ("lease_id", "partition", "num_partitions", "broker_id")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     NUM_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     partition: int
     num_partitions: int
-    def __init__(self, lease_id: _Optional[str] = ..., partition: _Optional[int] = ..., num_partitions: _Optional[int] = ...) -> None: ...
+    broker_id: str
+    def __init__(self, lease_id: _Optional[str] = ..., partition: _Optional[int] = ..., num_partitions: _Optional[int] = ..., broker_id: _Optional[str] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
     __slots__ = ("lease_ids",)

@@ -19,8 +19,8 @@ from ..api import broker_pb2 as pb
 from ..api import broker_pb2_grpc as pb_grpc
 from ..consumer import Consumer
 from ..core import Broker
-from ..errors import (ERROR_CODE_METADATA, BrokerError, ChannelNotFound, InvalidRequest, NotFound,
-                      NotInFlight, Unavailable)
+from ..errors import (ERROR_CODE_METADATA, BrokerError, ChannelNotFound, Conflict, InvalidRequest,
+                      NotFound, NotInFlight, Unavailable)
 from ..message import Message
 
 log = logging.getLogger("pynsqd")
@@ -37,7 +37,7 @@ def status_of(err: BrokerError) -> grpc.StatusCode:
     """The one mapping of the broker's error families to gRPC status codes."""
     if isinstance(err, NotFound):
         return grpc.StatusCode.NOT_FOUND
-    if isinstance(err, NotInFlight):
+    if isinstance(err, (NotInFlight, Conflict)):
         return grpc.StatusCode.FAILED_PRECONDITION
     if isinstance(err, Unavailable):
         return grpc.StatusCode.UNAVAILABLE
@@ -72,10 +72,6 @@ def chunks(msgs: list[Message]) -> list[list[Message]]:
 
 def frames_of(msgs: list[Message]) -> list[pb.Messages]:
     return [pb.Messages(messages=[to_pb(m) for m in chunk]) for chunk in chunks(msgs)]
-
-
-def columns_of(msgs: list[Message]) -> list[pb.MessageColumns]:
-    return [columns.encode(chunk) for chunk in chunks(msgs)]
 
 
 class _Fatal(Exception):
@@ -318,24 +314,31 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     # -- leases -----------------------------------------------------------
     async def OpenLeaseSession(self, request, context):
-        session = self.broker.open_lease_session(request.client_id or context.peer())
+        session = self.broker.open_lease_session(request.client_id or context.peer(),
+                                                 request.session_id, request.grace_ms)
+        stream = session.stream
         try:
-            yield pb.LeaseSessionEvent(session_id=session.session_id)
+            yield pb.LeaseSessionEvent(session_id=session.session_id,
+                                       broker_id=self.broker.instance_id,
+                                       resumed=session.resumed)
             while True:
                 await asyncio.sleep(LEASE_HEARTBEAT_SECONDS)
                 yield pb.LeaseSessionEvent(heartbeat=pb.Heartbeat())
         finally:
-            self.broker.close_lease_session(session.session_id)
+            # The stream dropped: the session keeps its leases for its grace period.
+            self.broker.detach_lease_session(session.session_id, stream)
 
     async def Reserve(self, request: pb.ReserveRequest, context) -> pb.ReserveResponse:
         try:
             lease, depth = self.broker.reserve(request.session_id, request.topic, request.channel,
-                                               request.max_messages, request.msg_timeout_ms)
+                                               request.max_messages, request.msg_timeout_ms,
+                                               request.max_bytes)
         except BrokerError as err:
             await abort(context, err)
         if lease is None:
             return pb.ReserveResponse(depth=depth)
-        return pb.ReserveResponse(lease_id=lease.lease_id, count=len(lease.order), depth=depth)
+        return pb.ReserveResponse(lease_id=lease.lease_id, count=len(lease.order), depth=depth,
+                                  bytes=sum(len(m.body) for m in lease.order))
 
     async def FetchLease(self, request: pb.FetchLeaseRequest, context):
         n = request.num_partitions or 1
@@ -343,11 +346,13 @@ class BrokerService(pb_grpc.BrokerServicer):
             await abort(context, InvalidRequest(f"partition {request.partition} out of range "
                                                 f"for {n} partition(s)"))
         try:
-            msgs = self.broker.lease(request.lease_id).slice(request.partition, n)
+            msgs = self.broker.lease(request.lease_id, request.broker_id).slice(
+                request.partition, n)
         except BrokerError as err:
             await abort(context, err)
-        for frame in columns_of(msgs):
-            yield frame
+        # One bounded frame at a time: encoding is on the loop, so yield between frames.
+        for chunk in chunks(msgs):
+            yield columns.encode(chunk)
 
     async def _leases(self, context, action, request: pb.LeaseRequest) -> pb.LeaseResponse:
         try:

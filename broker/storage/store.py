@@ -92,7 +92,8 @@ class Storage:
         return [c for c in topic.channels.values() if not c.ephemeral]
 
     # -- hooks from the core ----------------------------------------------
-    def published(self, topic: "Topic", msgs: list[Message], defers: list[int]) -> None:
+    def published(self, topic: "Topic", msgs: list[Message], defers: list[int], *,
+                  producer: bytes | None = None) -> None:
         if topic.ephemeral:
             return
         topic_log = self._log(topic)

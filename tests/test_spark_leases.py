@@ -1,0 +1,137 @@
+"""The source's leases under trouble: `once` runs that FIN what Spark committed,
+a task whose lease is gone, a lease session cut by the network, brokers that
+do not answer. Each counts message ids against what was published."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker import Client
+from spark_connector.fetch import LeaseLost, fetch_slice
+from spark_connector.options import ReaderOptions
+from spark_connector.reader import LeaseSlice
+from spark_connector.session import BrokerUnreachable, LeaseKeeper
+
+from .faultproxy import FaultProxy
+from .helpers import wait_for
+from .spark_helpers import Recorder, channel_stats, publish, reader
+
+
+def run_once(spark, address, checkpoint, recorder, **options):
+    (reader(spark, address, "events", **options).writeStream.foreachBatch(recorder)
+     .option("checkpointLocation", str(checkpoint)).trigger(once=True).start()
+     .awaitTermination(120))
+
+
+def test_two_once_runs_on_one_checkpoint_read_each_message_once_and_drain_the_channel(
+        spark, broker, client, tmp_path):
+    published = publish(client, "events", 300)
+    first, second, third = Recorder(), Recorder(), Recorder()
+    run_once(spark, broker.address, tmp_path / "ck", first, maxMessagesPerTrigger=200)
+    run_once(spark, broker.address, tmp_path / "ck", second, maxMessagesPerTrigger=200)
+    assert len(first.ids) == 200 and len(second.ids) == 100
+    assert set(first.ids) | set(second.ids) == published
+    assert set(first.ids).isdisjoint(second.ids)
+    run_once(spark, broker.address, tmp_path / "ck", third, maxMessagesPerTrigger=200)
+    assert third.ids == []
+    stats = channel_stats(client, "events")
+    assert (stats.depth, stats.in_flight_count, stats.finish_count) == (0, 0, 300)
+
+
+def keeper_options(*addresses: str, **extra) -> ReaderOptions:
+    options = {"address": ",".join(addresses), "topic": "events", "channel": "spark",
+               "msgTimeoutMs": "60000", "timeoutMs": "2000"}
+    options.update(extra)
+    return ReaderOptions.parse(options)
+
+
+def a_slice(lease: dict, **extra) -> LeaseSlice:
+    return LeaseSlice(lease["address"], lease["lease"], 0, 1, "events", "spark", 5.0,
+                      lease["broker"], **extra)
+
+
+def rows(part: LeaseSlice) -> list[str]:
+    return [i for batch in fetch_slice(part) for i in batch.column(0).to_pylist()]
+
+
+def test_a_task_whose_lease_is_gone_fails_instead_of_reading_nothing(broker, client):
+    published = publish(client, "events", 20)
+    keeper = LeaseKeeper(keeper_options(broker.address))
+    try:
+        keeper.ensure_channel()
+        lease = keeper.reserve(1, 100, 1 << 20, None)["0"]
+        assert set(rows(a_slice(lease))) == published
+        client.requeue_leases([lease["lease"]])
+        with pytest.raises(LeaseLost, match=f"lease {lease['lease']} on .* is gone"):
+            rows(a_slice(lease))
+        assert rows(a_slice(lease, fail_on_data_loss=False)) == []
+    finally:
+        keeper.close()
+
+
+def test_a_slice_fetched_from_another_broker_instance_fails_loudly(broker, client):
+    publish(client, "events", 5)
+    keeper = LeaseKeeper(keeper_options(broker.address))
+    try:
+        keeper.ensure_channel()
+        lease = keeper.reserve(1, 100, 1 << 20, None)["0"]
+        lease["broker"] = "0123456789abcdef"  # as if another instance made it
+        with pytest.raises(LeaseLost, match="another broker, or this one restarted"):
+            rows(a_slice(lease, fail_on_data_loss=False))
+    finally:
+        keeper.close()
+
+
+def test_a_cut_lease_session_is_resumed_and_its_lease_still_read(broker, client):
+    published = publish(client, "events", 50)
+    with FaultProxy(broker.address) as proxy:
+        keeper = LeaseKeeper(keeper_options(proxy.address, msgTimeoutMs="2000"))
+        try:
+            keeper.ensure_channel()
+            leases = keeper.reserve(1, 100, 1 << 20, None)
+            session = keeper._sessions[proxy.address]
+            first_id = session.session.session_id
+            old_stream = session.session
+            proxy.cut()
+            wait_for(lambda: session.session is not old_stream and session.session.alive, 30,
+                     message="the keeper to reconnect")
+            assert session.session.resumed and session.session.session_id == first_id
+            assert set(rows(a_slice(leases["0"]))) == published
+            keeper.finish_through(1, {})
+            stats = channel_stats(client, "events")
+            assert (stats.finish_count, stats.requeue_count, stats.depth) == (50, 0, 0)
+        finally:
+            keeper.close()
+
+
+def test_an_unreachable_broker_fails_the_query_by_default_naming_it(broker):
+    dead = "127.0.0.1:1"
+    with pytest.raises(BrokerUnreachable, match="127.0.0.1:1 \\(option address\\)"):
+        LeaseKeeper(keeper_options(broker.address, dead))
+
+
+def test_without_fail_on_data_loss_the_other_brokers_are_read(broker, client):
+    published = publish(client, "events", 30)
+    keeper = LeaseKeeper(keeper_options("127.0.0.1:1", broker.address, failOnDataLoss="false"))
+    try:
+        keeper.ensure_channel()
+        leases = keeper.reserve(1, 100, 1 << 20, None)
+        assert [lease["address"] for lease in leases.values()] == [broker.address]
+        assert set(rows(a_slice(leases["0"]))) == published
+    finally:
+        keeper.close()
+
+
+def test_reserve_spreads_the_read_limit_over_the_brokers(broker, client):
+    from broker import EmbeddedBroker
+
+    with EmbeddedBroker() as other, Client(other.address) as other_client:
+        publish(client, "events", 100)
+        publish(other_client, "events", 100)
+        keeper = LeaseKeeper(keeper_options(broker.address, other.address))
+        try:
+            keeper.ensure_channel()
+            leases = keeper.reserve(1, 60, 1 << 30, None)
+            assert sorted(lease["count"] for lease in leases.values()) == [30, 30]
+        finally:
+            keeper.close()
