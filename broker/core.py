@@ -26,8 +26,10 @@ from .options import Options
 from .stats import TopicStats
 from .topic import Topic
 
+from .storage.store import MemoryStore
+
 if TYPE_CHECKING:
-    from .storage import Storage
+    from .storage.store import Store
 
 log = logging.getLogger("pynsqd")
 
@@ -48,8 +50,12 @@ class Broker:
         self._leases: dict[str, Lease] = {}
         # Leases requeued because their session ended, for a replay to adopt.
         self._requeued: OrderedDict[str, Lease] = OrderedDict()
-        self.dedupe = Deduplicator()
-        self.storage: "Storage | None" = None  # set by BrokerApp when --data-path is given
+        self.dedupe = Deduplicator(clock=self.clock)
+        # Where durable topics live: memory only, or a DiskStore (BrokerApp sets it
+        # when --data-path is given, before any topic exists).
+        self.storage: "Store" = MemoryStore()
+        # Channels with in-flight or deferred messages: all that a tick looks at.
+        self.timed_channels: set[Channel] = set()
 
     # -- publishing -------------------------------------------------------
     def publish(self, topic: str, body: bytes, *, defer_ms: int = 0, producer_id: str = "",
@@ -88,7 +94,9 @@ class Broker:
         now = self.clock.wall_ns()
         new_id = self.new_id
         msgs = [Message(new_id(), body, now) for body in bodies]
-        self.on_publish(t, msgs, defers)
+        entry = (self.dedupe.encode(producer_id, sequence, [m.id for m in msgs])
+                 if producer_id else None)
+        self.storage.published(t, msgs, defers, producer=entry)
         if not any(defers):
             t.publish(msgs, 0.0)
         else:
@@ -274,8 +282,8 @@ class Broker:
         if t is None:
             check_topic_name(name)
             t = Topic(self, name)
+            self.storage.topic_created(t)
             self.topics[name] = t
-            self.on_topic_created(t)
         return t
 
     def create_channel(self, topic: str, channel: str) -> Channel:
@@ -286,7 +294,7 @@ class Broker:
         t = self.topic(name)
         del self.topics[name]
         t.close()
-        self.on_topic_deleted(t)
+        self.storage.topic_deleted(t)
 
     def delete_channel(self, topic: str, channel: str) -> None:
         check_channel_name(channel)
@@ -295,68 +303,20 @@ class Broker:
     # -- time and stats ---------------------------------------------------
     def tick(self) -> None:
         now = self.clock.monotonic()
-        for t in list(self.topics.values()):
-            for ch in list(t.channels.values()):
-                ch.tick(now)
+        for ch in list(self.timed_channels):
+            if ch.deleted or not ch.tick(now):
+                self.timed_channels.discard(ch)
 
     def stats(self, topic: str | None = None, channel: str | None = None) -> list[TopicStats]:
         if topic:
             return [self.topic(topic).stats(channel or None)]
         return [t.stats() for _, t in sorted(self.topics.items())]
 
-    # -- hooks: what storage must hear of ---------------------------------
-    @property
-    def mem_queue_limit(self) -> int | None:
-        """Ready messages a channel keeps in memory; None: all of them."""
-        return self.options.mem_queue_size if self.storage is not None else None
-
-    def load_message(self, topic: Topic, loc: int) -> Message | None:
-        """A message that waited on disk only (as its location), read back; None if
-        its record was damaged on disk since (it is logged and dropped)."""
-        assert self.storage is not None
-        return self.storage.load(topic, loc)
-
-    def on_publish(self, topic: Topic, msgs: list[Message], defers: list[int]) -> None:
-        if self.storage is not None:
-            self.storage.published(topic, msgs, defers)
-
-    def on_held_flushed(self, topic: Topic, msgs: list[Message]) -> None:
-        if self.storage is not None:
-            self.storage.held_flushed(topic, msgs)
-
-    def on_finish(self, channel: Channel, msg: Message) -> None:
-        if self.storage is not None:
-            self.storage.finished(channel, msg)
-
-    def on_deferred(self, channel: Channel, msg: Message, delay: float) -> None:
-        if self.storage is not None:
-            self.storage.deferred(channel, msg, delay)
-
-    def on_dropped(self, topic: Topic, channel: Channel | None,
-                   msgs: list[Message | int]) -> None:
-        if self.storage is not None:
-            self.storage.dropped(topic, channel, msgs)
-
-    def on_topic_created(self, topic: Topic) -> None:
-        self.on_metadata_changed()
-
-    def on_topic_deleted(self, topic: Topic) -> None:
-        if self.storage is not None:
-            self.storage.topic_deleted(topic)
-        self.on_metadata_changed()
-
-    def on_channel_created(self, channel: Channel) -> None:
-        self.on_metadata_changed()
-
+    # -- what the core's parts report ------------------------------------
     def on_channel_deleted(self, channel: Channel) -> None:
         for lease_id, lease in list(self._leases.items()):
             if lease.channel is channel:
                 self._forget_lease(lease_id)
-        self.on_metadata_changed()
-
-    def on_metadata_changed(self) -> None:
-        if self.storage is not None:
-            self.storage.metadata_changed()
 
     def on_consumer_evicted(self, consumer: Consumer) -> None:
         if consumer.on_evicted is not None:

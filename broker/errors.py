@@ -75,3 +75,10 @@ class Exiting(BrokerError):
     """The broker is shutting down."""
 
     code = "E_EXITING"
+
+
+class StorageFailed(BrokerError):
+    """The data path could not take a publish (a failed write or fsync, a full
+    disk): nothing of it was accepted, and the client may retry."""
+
+    code = "E_PUB_FAILED"

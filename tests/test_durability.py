@@ -3,8 +3,6 @@ clean shutdowns keep in-flight and deferred messages, damage is skipped."""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import time
 
@@ -194,7 +192,7 @@ def test_deleting_a_topic_removes_its_files_and_ephemeral_topics_write_none(daem
     assert [p.name for p in topics.iterdir()] == ["t-events"]
     with Client(d.address) as client:
         client.admin("topic", "delete", "events")
-    assert list(topics.iterdir()) == []
+    wait_for(lambda: list(topics.iterdir()) == [], 10, message="the topic's files to go")
 
 
 def test_a_second_broker_on_the_same_data_path_is_refused(daemons, tmp_path):
@@ -207,16 +205,6 @@ def test_a_second_broker_on_the_same_data_path_is_refused(daemons, tmp_path):
         second.kill()
     with pytest.raises(DataPathLocked):
         EmbeddedBroker(data_path=str(tmp_path / "data")).start()
-
-
-def test_the_metadata_file_is_replaced_atomically(daemons, tmp_path):
-    d = daemons()
-    with Client(d.address) as client:
-        client.admin("topic", "create", "events")
-    meta = json.loads((tmp_path / "data" / "metadata.json").read_text())
-    assert [t["name"] for t in meta["topics"]] == ["events"]
-    assert not any(p.name.endswith(".tmp") for p in (tmp_path / "data").iterdir())
-    assert os.path.exists(tmp_path / "data" / "LOCK")
 
 
 def test_a_message_waiting_on_disk_that_is_damaged_meanwhile_is_dropped_not_fatal(tmp_path):

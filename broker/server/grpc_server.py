@@ -20,7 +20,7 @@ from ..api import broker_pb2_grpc as pb_grpc
 from ..consumer import Consumer
 from ..core import Broker
 from ..errors import (BrokerError, ChannelNotFound, Exiting, InvalidRequest, LeaseNotFound,
-                      NotInFlight, TopicNotFound)
+                      NotInFlight, StorageFailed, TopicNotFound)
 from ..message import Message
 
 log = logging.getLogger("pynsqd")
@@ -38,7 +38,7 @@ def status_of(err: BrokerError) -> grpc.StatusCode:
         return grpc.StatusCode.NOT_FOUND
     if isinstance(err, NotInFlight):
         return grpc.StatusCode.FAILED_PRECONDITION
-    if isinstance(err, Exiting):
+    if isinstance(err, (Exiting, StorageFailed)):
         return grpc.StatusCode.UNAVAILABLE
     return grpc.StatusCode.INVALID_ARGUMENT
 

@@ -15,7 +15,7 @@ from aiohttp import web
 from .. import __version__
 from ..core import Broker
 from ..errors import (ChannelNotFound, InvalidChannel, InvalidMessage, InvalidTopic,
-                      MessageTooBig, TopicNotFound)
+                      MessageTooBig, StorageFailed, TopicNotFound)
 from ..names import is_valid_name
 
 SIZE = struct.Struct(">i")
@@ -112,6 +112,8 @@ class HttpApi:
             return _error(400, "MSG_EMPTY")
         except InvalidTopic:
             return _error(400, "INVALID_TOPIC")
+        except StorageFailed:
+            return _error(500, "PUB_FAILED")
         return web.Response(text="OK")
 
     async def stats(self, request: web.Request) -> web.Response:
