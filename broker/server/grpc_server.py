@@ -38,8 +38,10 @@ def status_of(err: BrokerError) -> grpc.StatusCode:
         return grpc.StatusCode.NOT_FOUND
     if isinstance(err, NotInFlight):
         return grpc.StatusCode.FAILED_PRECONDITION
-    if isinstance(err, (Exiting, StorageFailed)):
+    if isinstance(err, Exiting):
         return grpc.StatusCode.UNAVAILABLE
+    if isinstance(err, StorageFailed):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
     return grpc.StatusCode.INVALID_ARGUMENT
 
 
