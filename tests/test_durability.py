@@ -219,3 +219,23 @@ def test_a_message_waiting_on_disk_that_is_damaged_meanwhile_is_dropped_not_fata
         segment.write_bytes(bytes(data))
         back = consume_all(broker.address, "events", "work")
     assert set(back) == set(ids) - {ids[12]}
+
+
+def test_a_replayed_mpub_after_kill_9_returns_the_first_ids_and_publishes_nothing(daemons,
+                                                                                tmp_path):
+    d = daemons("--max-bytes-per-file", "4096")
+    with Client(d.address) as client:
+        client.admin("channel", "create", "events", "work")
+        first = client.multi_publish("events", [b"a", b"b"], producer_id="job:1:0", sequence=3)
+    publish_n(d.address, "events", 300)  # rolls past the file that holds the MPUB...
+    consume_all(d.address, "events", "work")  # ... which is then deleted
+    directory = tmp_path / "data" / "topics" / "t-events"
+    wait_for(lambda: "00000001.log" not in {p.name for p in directory.iterdir()}, 10,
+             message="the first segment to be deleted")
+    d.proc.kill()
+    d.proc.wait(10)
+    restarted = daemons(port=d.port)
+    with Client(restarted.address) as client:
+        again = client.multi_publish("events", [b"a", b"b"], producer_id="job:1:0", sequence=3)
+    assert again == first
+    assert consume_all(restarted.address, "events", "work") == {}
