@@ -37,7 +37,7 @@ class BrokerApp:
             try:
                 storage.recover()
             except BaseException:
-                self.broker.storage = MemoryStore()
+                self.broker.storage = MemoryStore(self.options.max_memory_bytes)
                 storage.abandon()
                 raise
         try:
@@ -81,7 +81,8 @@ class BrokerApp:
             self._grpc = None
 
     def _close_storage(self) -> None:
-        storage, self.broker.storage = self.broker.storage, MemoryStore()
+        storage, self.broker.storage = self.broker.storage, MemoryStore(
+            self.options.max_memory_bytes)
         storage.close()
 
     async def _tick_forever(self) -> None:

@@ -146,10 +146,14 @@ class Backlog:
         self._len = self._in_memory = 0
         return items
 
-    def locations(self) -> Iterator[int]:
-        """Where each queued durable message is on disk."""
+    def oldest_location(self) -> int:
+        """The smallest log location queued here (0: none)."""
+        locs = [m.loc for m in self.messages() if m.loc]
+        locs += [item.locs[item.start] for item in self._items if type(item) is OnDisk]
+        return min(locs, default=0)
+
+    def on_disk(self) -> Iterator[int]:
+        """Where each message that waits on disk only is."""
         for item in self._items:
             if type(item) is OnDisk:
                 yield from item.remaining()
-            elif item.loc:
-                yield item.loc

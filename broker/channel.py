@@ -295,15 +295,15 @@ class Channel:
     def empty(self) -> None:
         """Drop every queued, deferred and in-flight message (as nsqd does)."""
         in_flight = self._in_flight.clear()
-        locs = [*self._ready.locations(), *(m.loc for m in self._deferred.clear() if m.loc),
-                *(m.loc for m in in_flight if m.loc)]
+        msgs = [*self._ready.messages(), *self._deferred.clear(), *in_flight]
+        on_disk = list(self._ready.on_disk())
         self._ready.take_all()
         # Every holder lets go, leases included (they are not in _consumers).
         for msg in in_flight:
             if msg.consumer is not None:
                 msg.consumer.in_flight.pop(msg.id, None)
                 msg.consumer = None
-        self._store.dropped(self.topic, self, locs)
+        self._store.dropped(self.topic, self, msgs, on_disk)
 
     def close(self) -> list[Consumer]:
         """Forget everything; return the consumers that were attached."""
@@ -351,4 +351,11 @@ class Channel:
             finish_count=self.finish_count, paused=self.paused,
             clients=[ClientStats(c.client_id, c.rdy, len(c.in_flight), c.message_count,
                                  c.finish_count, c.requeue_count) for c in self._consumers],
-            e2e_processing_latency=self.latency.percentiles())
+            e2e_processing_latency=self.latency.percentiles(),
+            on_disk_count=len(self._ready) - self._ready.in_memory,
+            disk_bytes=self._store.pinned_bytes(self, self._oldest_location()))
+
+    def _oldest_location(self) -> int:
+        locs = [m.loc for q in (self._in_flight, self._deferred) for m in q.live() if m.loc]
+        oldest = self._ready.oldest_location()
+        return min([*locs, oldest] if oldest else locs, default=0)

@@ -53,7 +53,7 @@ class Broker:
         self.dedupe = Deduplicator(clock=self.clock)
         # Where durable topics live: memory only, or a DiskStore (BrokerApp sets it
         # when --data-path is given, before any topic exists).
-        self.storage: "Store" = MemoryStore()
+        self.storage: "Store" = MemoryStore(self.options.max_memory_bytes)
         # Channels with in-flight or deferred messages: all that a tick looks at.
         self.timed_channels: set[Channel] = set()
 

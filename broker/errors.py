@@ -82,3 +82,7 @@ class StorageFailed(BrokerError):
     disk): nothing of it was accepted, and the client may retry."""
 
     code = "E_PUB_FAILED"
+
+
+class QueueFull(StorageFailed):
+    """Without ``--data-path``: the queued messages would pass ``--max-memory-bytes``."""

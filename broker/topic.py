@@ -76,10 +76,9 @@ class Topic:
             return
         held, later = self._held.take_all(), self._held_later
         self._held_later = []
-        self._store.held_flushed(self, [*(loc for item in held if type(item) is OnDisk
-                                          for loc in item.remaining()),
-                                        *(m.loc for m in held if type(m) is not OnDisk and m.loc),
-                                        *(m.loc for m, _ in later if m.loc)])
+        self._store.held_flushed(
+            self, [*(m for m in held if type(m) is not OnDisk), *(m for m, _ in later)],
+            [loc for item in held if type(item) is OnDisk for loc in item.remaining()])
         batch: list[Message] = []
         for item in held:
             if type(item) is not OnDisk:
@@ -142,18 +141,18 @@ class Topic:
 
     def empty(self) -> None:
         """Drop what the topic holds for later channels (channels keep theirs)."""
-        locs = [*self._held.locations(), *(m.loc for m, _ in self._held_later if m.loc)]
+        msgs = [*self._held.messages(), *(m for m, _ in self._held_later)]
+        on_disk = list(self._held.on_disk())
         self._held.take_all()
         self._held_later = []
-        self._store.dropped(self, None, locs)
+        self._store.dropped(self, None, msgs, on_disk)
 
     def close(self) -> None:
         for name in list(self.channels):
             channel = self.channels.pop(name)
             for consumer in channel.close():
                 self.broker.on_consumer_evicted(consumer)
-        self._held.take_all()
-        self._held_later = []
+        self.empty()
 
     def stats(self, channel: str | None = None) -> TopicStats:
         channels = [c for n, c in sorted(self.channels.items()) if channel is None or n == channel]
@@ -163,4 +162,6 @@ class Topic:
         return TopicStats(name=self.name, depth=self.depth, message_count=self.message_count,
                           message_bytes=self.message_bytes, paused=self.paused,
                           channels=[c.stats() for c in channels],
-                          e2e_processing_latency=latency.percentiles())
+                          e2e_processing_latency=latency.percentiles(),
+                          on_disk_count=len(self._held) - self._held.in_memory,
+                          disk_bytes=self._store.disk_bytes(self))

@@ -261,3 +261,50 @@ def test_after_a_power_loss_everything_fsynced_is_back(tmp_path, monkeypatch):
     broker = start(tmp_path, clock)
     back = drain(broker, "events", "work")
     assert set(synced) <= set(back) <= set(synced) | set(unsynced)
+
+
+def test_without_a_data_path_publishes_past_max_memory_bytes_are_refused_until_consumed():
+    from broker.errors import QueueFull
+
+    clock = ManualClock()
+    broker = Broker(Options(max_memory_bytes=1000), clock=clock)
+    broker.create_channel("events", "a")
+    broker.create_channel("events", "b")
+    ids = broker.multi_publish("events", [b"x" * 100] * 5)  # 2 copies: 1000 bytes
+    with pytest.raises(QueueFull, match="max-memory-bytes"):
+        broker.publish("events", b"y")
+    assert drain(broker, "events", "a") == {i: b"x" * 100 for i in ids}
+    broker.multi_publish("events", [b"z" * 100] * 2)        # room again: a's copies went
+    with pytest.raises(QueueFull):
+        broker.publish("events", b"y" * 100)                  # 900 + 200 > 1000
+    broker.channel("events", "b").empty()
+    broker.publish("events", b"y" * 100)
+
+
+def test_publishes_past_max_disk_bytes_fail_and_stats_show_bytes_on_disk(tmp_path):
+    from broker.errors import StorageFailed
+
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_disk_bytes=20_000, max_bytes_per_file=4096,
+                   mem_queue_size=10)
+    broker.create_channel("events", "work")
+    broker.create_channel("events", "paused")
+    broker.channel("events", "paused").pause()
+    ids = []
+    with pytest.raises(StorageFailed, match="max-disk-bytes"):
+        while True:
+            ids.append(broker.publish("events", b"m" * 200))
+    stats = broker.topic("events").stats()
+    channels = {c.name: c for c in stats.channels}
+    assert 15_000 < stats.disk_bytes <= 20_000
+    assert channels["work"].disk_bytes == channels["paused"].disk_bytes == stats.disk_bytes
+    assert channels["work"].on_disk_count == len(ids) - 10
+    drain(broker, "events", "work")
+    broker.storage.flush()
+    channels = {c.name: c for c in broker.topic("events").stats().channels}
+    assert channels["work"].disk_bytes == 0
+    assert channels["paused"].disk_bytes == broker.topic("events").stats().disk_bytes
+    broker.channel("events", "paused").empty()
+    broker.storage.flush()
+    broker.storage.wait_synced()
+    broker.publish("events", b"m" * 200)  # the files were reclaimed: room again

@@ -50,6 +50,7 @@ class TopicLog:
         self.max_bytes = max(max_bytes, 1024)
         self.state = state                  # the STATE record a new segment opens with
         self.refs: dict[int, int] = {}
+        self.sizes: dict[int, int] = {}     # bytes of each segment on disk
         self._readers: dict[int, int] = {}
         self._read_ahead: dict[int, tuple[int, int, bytes]] = {}
         self.current = 0
@@ -84,7 +85,7 @@ class TopicLog:
         if self._fd >= 0:
             self.retired.append(self._fd)
         self.current, self._fd = seg, fd
-        self._size = self.files.size(fd)
+        self._size = self.sizes[seg] = self.files.size(fd)
         self.refs.setdefault(seg, 0)
         self.dirty = True
 
@@ -115,9 +116,17 @@ class TopicLog:
         try:
             self._write_all(self._fd, offset, data)
         finally:
-            self._size = self.files.size(self._fd)
+            self._size = self.sizes[self.current] = self.files.size(self._fd)
         self.dirty = True
         return location(self.current, offset)
+
+    @property
+    def disk_bytes(self) -> int:
+        return sum(self.sizes.values())
+
+    def bytes_from(self, seg: int) -> int:
+        """Bytes of segment ``seg`` and every newer one: what a copy in ``seg`` pins."""
+        return sum(size for s, size in self.sizes.items() if s >= seg)
 
     def take_sync_work(self) -> tuple[int, list[int], list[Path]]:
         """(fd to fsync, retired fds to fsync and close, files to delete) for the
@@ -171,6 +180,7 @@ class TopicLog:
             if seg >= self.current or self.refs[seg] > 0:
                 return
             del self.refs[seg]
+            self.sizes.pop(seg, None)
             fd = self._readers.pop(seg, None)
             if fd is not None:
                 self.files.close(fd)

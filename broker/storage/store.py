@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from ..errors import StorageFailed
+from ..errors import QueueFull, StorageFailed
 from ..message import Message
 from ..options import Options
 from . import fileops, records
@@ -70,8 +70,13 @@ class Store:
     def delivered(self, channel: "Channel", msgs: Iterable[Message]) -> None: ...
     def finished(self, channel: "Channel", msg: Message) -> None: ...
     def deferred(self, channel: "Channel", msg: Message, delay: float) -> None: ...
-    def dropped(self, topic: "Topic", channel: "Channel | None", locs: list[int]) -> None: ...
-    def held_flushed(self, topic: "Topic", locs: list[int]) -> None: ...
+    def dropped(self, topic: "Topic", channel: "Channel | None", msgs: list[Message],
+                on_disk: list[int]) -> None:
+        """Queued messages dropped: in memory, and waiting on disk only."""
+
+    def held_flushed(self, topic: "Topic", msgs: list[Message], on_disk: list[int]) -> None:
+        """What the topic held went to each of its channels."""
+
     def topic_created(self, topic: "Topic") -> None: ...
     def topic_deleted(self, topic: "Topic") -> None: ...
     def topic_changed(self, topic: "Topic") -> None: ...
@@ -81,9 +86,49 @@ class Store:
     def tick(self) -> None: ...
     def close(self) -> None: ...
 
+    def disk_bytes(self, topic: "Topic") -> int:
+        """Bytes of the topic's files on disk."""
+        return 0
+
+    def pinned_bytes(self, channel: "Channel", oldest: int) -> int:
+        """Bytes on disk kept for ``channel``, whose oldest message is at ``oldest``."""
+        return 0
+
 
 class MemoryStore(Store):
-    """No ``--data-path``."""
+    """No ``--data-path``: nothing to write, and nowhere to spill. With
+    ``max_memory_bytes``, a publish that would queue more body bytes (each
+    channel's copy counted) is refused, as by a full queue."""
+
+    def __init__(self, max_memory_bytes: int = 0) -> None:
+        self.limit = max_memory_bytes
+        self.queued_bytes = 0
+
+    def published(self, topic: "Topic", msgs: list[Message], defers: list[int],
+                  producer: bytes | None = None) -> None:
+        if not self.limit:
+            return
+        copies = 1 if topic.holds else len(topic.channels)
+        incoming = sum(len(m.body) for m in msgs) * copies
+        if self.queued_bytes + incoming > self.limit:
+            raise QueueFull(f"PUB to {topic.name} refused: the broker holds "
+                            f"{self.queued_bytes} bytes of queued messages, and "
+                            f"{incoming} more would pass max-memory-bytes ({self.limit}); "
+                            f"retry once consumers catch up")
+        self.queued_bytes += incoming
+
+    def finished(self, channel: "Channel", msg: Message) -> None:
+        if self.limit:
+            self.queued_bytes -= len(msg.body)
+
+    def dropped(self, topic: "Topic", channel: "Channel | None", msgs: list[Message],
+                on_disk: list[int]) -> None:
+        if self.limit:
+            self.queued_bytes -= sum(len(m.body) for m in msgs)
+
+    def held_flushed(self, topic: "Topic", msgs: list[Message], on_disk: list[int]) -> None:
+        if self.limit:
+            self.queued_bytes += sum(len(m.body) for m in msgs) * (len(topic.channels) - 1)
 
 
 @dataclass
@@ -196,6 +241,15 @@ class DiskStore(Store):
             raise StorageFailed(f"PUB to {topic.name} refused: the data path cannot be "
                                 f"synced ({self.failed}); retry later")
         topic_log = self.logs[topic.name]
+        limit = self.options.max_disk_bytes
+        if limit:
+            used = sum(t.disk_bytes for t in self.logs.values())
+            incoming = sum(len(m.body) + records.HEADER_SIZE + records.PUB_HEAD.size
+                           for m in msgs)
+            if used + incoming > limit:
+                raise StorageFailed(f"PUB to {topic.name} refused: the data path holds {used} "
+                                    f"bytes, and {incoming} more would pass max-disk-bytes "
+                                    f"({limit}); retry once consumers catch up")
         now_ns = self.broker.clock.wall_ns()
         held = topic.holds
         parts = [records.pub(int(m.id, 16), m.timestamp,
@@ -253,24 +307,33 @@ class DiskStore(Store):
             self._queue(channel.topic, records.defer(channel.name, int(msg.id, 16), at,
                                                      msg.attempts))
 
-    def dropped(self, topic: "Topic", channel: "Channel | None", locs: list[int]) -> None:
+    def dropped(self, topic: "Topic", channel: "Channel | None", msgs: list[Message],
+                on_disk: list[int]) -> None:
         if topic.ephemeral:
             return
         if channel is None or not channel.ephemeral:
             self._queue(topic, records.empty(channel.name if channel else ""))
         topic_log = self.logs.get(topic.name)
         if topic_log is not None:
-            for loc in locs:
+            for loc in [*(m.loc for m in msgs if m.loc), *on_disk]:
                 topic_log.release(segment_of(loc))
 
-    def held_flushed(self, topic: "Topic", locs: list[int]) -> None:
+    def held_flushed(self, topic: "Topic", msgs: list[Message], on_disk: list[int]) -> None:
         if topic.ephemeral:
             return
         self._queue(topic, records.flush())
         extra = len(topic.channels) - 1
         topic_log = self.logs[topic.name]
-        for loc in locs:
+        for loc in [*(m.loc for m in msgs if m.loc), *on_disk]:
             topic_log.hold(segment_of(loc), extra)
+
+    def disk_bytes(self, topic: "Topic") -> int:
+        topic_log = self.logs.get(topic.name)
+        return topic_log.disk_bytes if topic_log is not None else 0
+
+    def pinned_bytes(self, channel: "Channel", oldest: int) -> int:
+        topic_log = self.logs.get(channel.topic.name)
+        return topic_log.bytes_from(segment_of(oldest)) if topic_log and oldest else 0
 
     def topic_created(self, topic: "Topic") -> None:
         if topic.ephemeral or self._restoring:
@@ -487,7 +550,9 @@ class DiskStore(Store):
         held: dict[int, list[int]] = {}
         for seg in topic_log.segment_numbers():
             path = topic_log.path(seg)
-            for record in records.scan(self.files.read_file(str(path)), str(path)):
+            data = self.files.read_file(str(path))
+            topic_log.sizes[seg] = len(data)
+            for record in records.scan(data, str(path)):
                 kind = record.kind
                 if kind == records.PUB:
                     msg_id, _, deliver_at, flags = record.pub()
