@@ -152,6 +152,27 @@ class Backlog:
         locs += [item.locs[item.start] for item in self._items if type(item) is OnDisk]
         return min(locs, default=0)
 
+    def copies(self) -> Iterator[tuple[int, int]]:
+        """(log location, attempts) of each queued durable message."""
+        for item in self._items:
+            if type(item) is OnDisk:
+                for loc in item.remaining():
+                    yield loc, 0
+            elif item.loc:
+                yield item.loc, item.attempts
+
+    def relocate(self, moved: dict[int, int]) -> None:
+        """Messages whose records were copied elsewhere in the log: old -> new location."""
+        for item in self._items:
+            if type(item) is OnDisk:
+                locs = item.locs
+                for i in range(item.start, len(locs)):
+                    new = moved.get(locs[i])
+                    if new:
+                        locs[i] = new
+            elif item.loc in moved:
+                item.loc = moved[item.loc]
+
     def on_disk(self) -> Iterator[int]:
         """Where each message that waits on disk only is."""
         for item in self._items:

@@ -9,7 +9,7 @@ touches only those that are due.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from .backlog import Backlog
 from .consumer import Consumer
@@ -354,6 +354,24 @@ class Channel:
             e2e_processing_latency=self.latency.percentiles(),
             on_disk_count=len(self._ready) - self._ready.in_memory,
             disk_bytes=self._store.pinned_bytes(self, self._oldest_location()))
+
+    def copies(self) -> Iterator[tuple[int, int, float]]:
+        """(log location, attempts, deferred until or 0) of every durable message here."""
+        for loc, attempts in self._ready.copies():
+            yield loc, attempts, 0.0
+        for msg in self._in_flight.live():
+            if msg.loc:
+                yield msg.loc, msg.attempts, 0.0
+        for msg in self._deferred.live():
+            if msg.loc:
+                yield msg.loc, msg.attempts, msg.deadline
+
+    def relocate(self, moved: dict[int, int]) -> None:
+        """Records copied elsewhere in the log (old -> new location)."""
+        self._ready.relocate(moved)
+        for msg in [*self._in_flight.live(), *self._deferred.live()]:
+            if msg.loc in moved:
+                msg.loc = moved[msg.loc]
 
     def _oldest_location(self) -> int:
         locs = [m.loc for q in (self._in_flight, self._deferred) for m in q.live() if m.loc]

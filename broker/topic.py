@@ -8,7 +8,7 @@ holds is bounded in memory as a channel's backlog is.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from .backlog import Backlog, OnDisk
 from .channel import Channel
@@ -103,6 +103,21 @@ class Topic:
         self._held.extend_on_disk(on_disk)
         now = self.broker.clock.monotonic()
         self._held_later.extend((m, now + delay) for m, delay in deferred)
+
+    def copies(self) -> Iterator[tuple[int, int, float]]:
+        """(log location, attempts, deferred until or 0) of every durable message held."""
+        for loc, attempts in self._held.copies():
+            yield loc, attempts, 0.0
+        for msg, until in self._held_later:
+            if msg.loc:
+                yield msg.loc, msg.attempts, until
+
+    def relocate(self, moved: dict[int, int]) -> None:
+        """Records copied elsewhere in the log (old -> new location)."""
+        self._held.relocate(moved)
+        for msg, _ in self._held_later:
+            if msg.loc in moved:
+                msg.loc = moved[msg.loc]
 
     def channel(self, name: str) -> Channel:
         try:

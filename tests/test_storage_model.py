@@ -194,7 +194,7 @@ class StorageModel(RuleBasedStateMachine):
         bodies = []
         for _ in range(count):
             self.counter += 1
-            bodies.append(f"m{self.counter}".encode() * (1 + self.counter % 7))
+            bodies.append(f"m{self.counter}-".encode() * (4 + self.counter % 20))
         ids = self.broker.multi_publish(topic, bodies, defer_ms=[defer_s * 1000] * count
                                         if defer_s else ())
         t = self.topic_model(topic)
@@ -360,6 +360,17 @@ class StorageModel(RuleBasedStateMachine):
         for msg in in_flight:
             out[msg.id] = (msg.attempts, None, True)
         return out
+
+    @invariant()
+    def check_each_file_is_held_by_exactly_its_pending_copies(self) -> None:
+        from broker.storage.segments import segment_of
+        for name, topic_log in self.store.logs.items():
+            topic = self.broker.topics[name]
+            counted: dict[int, int] = {}
+            for source in [topic, *topic.channels.values()]:
+                for loc, _, _ in source.copies():
+                    counted[segment_of(loc)] = counted.get(segment_of(loc), 0) + 1
+            assert {s: n for s, n in topic_log.refs.items() if n} == counted, name
 
     @invariant()
     def check_everything_pending(self) -> None:

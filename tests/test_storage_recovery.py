@@ -308,3 +308,28 @@ def test_publishes_past_max_disk_bytes_fail_and_stats_show_bytes_on_disk(tmp_pat
     broker.storage.flush()
     broker.storage.wait_synced()
     broker.publish("events", b"m" * 200)  # the files were reclaimed: room again
+
+
+@pytest.mark.parametrize("stop", RESTARTS)
+def test_one_old_deferred_message_does_not_keep_every_later_file(tmp_path, stop):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=2048, mem_queue_size=5)
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    old = broker.publish("events", b"old")
+    ch.set_rdy(consumer, 1)
+    ch.requeue(consumer, old, delay=3000)  # waits for 50 minutes
+    for i in range(300):
+        broker.publish("events", f"new-{i}".encode() * 5)
+        ch.set_rdy(consumer, 1000)
+        consumer.fin_all()
+    broker.storage.tick()
+    broker.storage.wait_synced()
+    log_dir = tmp_path / "topics" / "t-events"
+    assert len(list(log_dir.glob("*.log"))) <= 3
+    stop(broker)
+    broker = start(tmp_path, clock, max_bytes_per_file=2048)
+    deferred = broker.channel("events", "work")._deferred.live()
+    assert [(m.id, m.body, m.attempts) for m in deferred] == [(old, b"old", 1)]
+    assert deferred[0].deadline == pytest.approx(clock.monotonic() + 3000, abs=1e-3)
+    assert drain(broker, "events", "work") == {}

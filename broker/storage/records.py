@@ -16,7 +16,10 @@ Record types, and what recovery does with each (in log order):
 - ``FLUSH``: every held message went to the durable channels named now;
 - ``FIN`` / ``DEFER`` / ``ATTEMPTS`` / ``EMPTY``: one channel's (``""``: the
   topic's held messages) finished ids, deferral, delivery counts, emptying;
-- ``DEDUPE``: an opaque de-duplication entry, written with the MPUB it names.
+- ``DEDUPE``: an opaque de-duplication entry, written with the MPUB it names;
+- ``MOVE``: a message copied out of an old segment so the segment can go: it is
+  pending in exactly the channels it names (``""``: held by the topic), with
+  their attempts and deliver-at times.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ MAGIC = b"\xa5\x5a"
 HEADER = struct.Struct(">2sBII")          # magic, type, payload length, crc32
 HEADER_SIZE = HEADER.size
 
-PUB, FIN, DEFER, ATTEMPTS, EMPTY, CHANNEL, TOPIC, STATE, FLUSH, DEDUPE = range(1, 11)
+PUB, FIN, DEFER, ATTEMPTS, EMPTY, CHANNEL, TOPIC, STATE, FLUSH, DEDUPE, MOVE = range(1, 12)
 CREATE, DELETE, PAUSE, UNPAUSE = 1, 2, 3, 4
 
 HELD = 1
@@ -101,6 +104,18 @@ def dedupe(payload: bytes) -> bytes:
     return encode(DEDUPE, payload)
 
 
+MOVE_HEAD = struct.Struct(">QqH")         # id, publish ns, number of copies
+COPY_AT = struct.Struct(">Iq")            # attempts, deliver-at wall ns (0: at once)
+
+
+def move(msg_id: int, timestamp: int, copies: list[tuple[str, int, int]], body: bytes) -> bytes:
+    """A PUB-like record: ``copies`` are (channel or "" for held, attempts, deliver_at)."""
+    parts = [MOVE_HEAD.pack(msg_id, timestamp, len(copies))]
+    for channel, attempts, deliver_at in copies:
+        parts.append(_name(channel) + COPY_AT.pack(attempts, deliver_at))
+    return encode(MOVE, b"".join(parts) + body)
+
+
 def _chunks(items: list) -> Iterator[list]:
     for start in range(0, len(items), MAX_IDS_PER_RECORD):
         yield items[start:start + MAX_IDS_PER_RECORD]
@@ -128,6 +143,12 @@ def pubs_in(block: bytes, first_loc: int) -> dict[int, tuple[int, int, bytes]]:
                 break
             msg_id, ts, _, _ = unpack_pub(block, start)
             out[first_loc + pos] = (msg_id, ts, block[start + PUB_HEAD.size:stop])
+        elif kind == MOVE:
+            if crc32(view[start:stop], crc32(bytes((MOVE,)))) != crc:
+                break
+            record = Record(MOVE, pos, view[start:stop])
+            msg_id, ts, _, body = record.move()
+            out[first_loc + pos] = (msg_id, ts, body)
         pos = stop
     return out
 
@@ -163,6 +184,17 @@ class Record:
 
     def channel(self) -> str:
         return self._channel()[0]
+
+    def move(self) -> tuple[int, int, list[tuple[str, int, int]], bytes]:
+        """(id, timestamp, [(channel, attempts, deliver_at)], body)."""
+        msg_id, ts, count = MOVE_HEAD.unpack_from(self.payload)
+        pos, copies = MOVE_HEAD.size, []
+        for _ in range(count):
+            channel, pos = self._channel(pos)
+            attempts, deliver_at = COPY_AT.unpack_from(self.payload, pos)
+            pos += COPY_AT.size
+            copies.append((channel, attempts, deliver_at))
+        return msg_id, ts, copies, bytes(self.payload[pos:])
 
     def channel_op(self) -> tuple[int, str]:
         return self.payload[0], self._channel(1)[0]

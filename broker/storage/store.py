@@ -50,6 +50,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pynsqd")
 
+# The oldest segment of a topic is copied out (its pending messages written anew)
+# when this few copies still hold it and newer segments exist, so one old
+# message (a long deferral, a stuck consumer) cannot keep every later file.
+RELOCATE_AT_MOST = 1024
+
 
 class DataPathLocked(RuntimeError):
     """Another broker holds the data path."""
@@ -456,10 +461,65 @@ class DiskStore(Store):
                 current = self.logs[name].current if name in self.logs else seg
                 self._dedupe[name].setdefault(current, []).append(payload)
 
+    def _relocate_stragglers(self) -> None:
+        for name, topic_log in list(self.logs.items()):
+            refs = topic_log.refs
+            if len(refs) < 3:
+                continue
+            head = min(refs)
+            if head < topic_log.current and 0 < refs[head] <= RELOCATE_AT_MOST:
+                topic = self.broker.topics.get(name)
+                if topic is not None:
+                    self._relocate(topic, topic_log, head)
+
+    def _relocate(self, topic: "Topic", topic_log: TopicLog, seg: int) -> None:
+        """Copy the messages still pending in ``seg`` to the end of the log (MOVE
+        records naming where each copy is pending), so that ``seg`` can go."""
+        now_ns, now = self.broker.clock.wall_ns(), self.broker.clock.monotonic()
+        by_loc: dict[int, list[tuple[str, int, int]]] = {}
+        count = 0
+        sources = [(None if c.ephemeral else c.name, c.copies())
+                   for c in topic.channels.values()]
+        sources.append(("", topic.copies()))
+        for name, copies in sources:
+            for loc, attempts, until in copies:
+                if segment_of(loc) != seg:
+                    continue
+                count += 1
+                entry = by_loc.setdefault(loc, [])
+                if name is not None:
+                    at = now_ns + int((until - now) * 1e9) if until > now else 0
+                    entry.append((name, attempts, at))
+        if count != topic_log.refs.get(seg):
+            log.warning("%s: segment %d: %d copies found, %s counted; not moved",
+                        topic_log.dir, seg, count, topic_log.refs.get(seg))
+            return
+        try:
+            parts = []
+            for loc, entry in by_loc.items():
+                msg_id, ts, body = topic_log.read_pub(loc)
+                parts.append(records.move(msg_id, ts, entry, body))
+            queued, prefix = self._encode_queued(topic.name)
+            start = topic_log.append(prefix + b"".join(parts))
+        except (OSError, records.DamagedRecord) as err:
+            log.error("%s: could not move what segment %d holds: %s", topic_log.dir, seg, err)
+            return
+        self._written(topic.name, queued)
+        moved, loc = {}, start + len(prefix)
+        for old, part in zip(by_loc, parts):
+            moved[old] = loc
+            loc += len(part)
+        for channel in topic.channels.values():
+            channel.relocate(moved)
+        topic.relocate(moved)
+        topic_log.hold(segment_of(start), count)
+        topic_log.release(seg, count)
+
     # -- time -------------------------------------------------------------
     def tick(self) -> None:
         """Write queued records; start an fsync when one is due."""
         self.flush()
+        self._relocate_stragglers()
         self._check_sync()
         now = time.monotonic()
         due = (self.failed is not None or self._unsynced >= max(1, self.options.sync_every)
@@ -612,6 +672,16 @@ class DiskStore(Store):
                         chans.setdefault(channel, {})
                     paused.clear()
                     paused.update(named)
+                elif kind == records.MOVE:
+                    msg_id, _, copies, _ = record.move()
+                    loc = location(seg, record.offset)
+                    held.pop(msg_id, None)
+                    for pending in chans.values():
+                        pending.pop(msg_id, None)
+                    for channel, attempts, deliver_at in copies:
+                        pending = held if not channel else chans.get(channel)
+                        if pending is not None:
+                            pending[msg_id] = [loc, attempts, deliver_at]
                 elif kind == records.DEDUPE:
                     replay.dedupe.append((seg, bytes(record.payload)))
         replay.held = held
