@@ -320,6 +320,9 @@ class Channel:
         ready = self._ready
         consumers = self._consumers
         n = len(consumers)
+        now = self._clock.monotonic()
+        push = self._in_flight.push
+        delivered: list[Message] = []
         while ready:
             for i in range(n):
                 consumer = consumers[(self._rr + i) % n]
@@ -327,21 +330,19 @@ class Channel:
                     self._rr = (self._rr + i + 1) % n
                     break
             else:
-                return
+                break
             msg = ready.popleft()
             if msg is None:
-                return
-            self._start_in_flight(msg, consumer)
-
-    def _start_in_flight(self, msg: Message, consumer: Consumer) -> None:
-        msg.delivered()
-        msg.consumer = consumer
-        now = self._clock.monotonic()
-        msg.delivered_at = now
-        self._in_flight.push(msg, now + consumer.msg_timeout)
-        self._timers_started()
-        self._store.delivered(self, (msg,))
-        consumer.deliver(msg)
+                break
+            msg.delivered()
+            msg.consumer = consumer
+            msg.delivered_at = now
+            push(msg, now + consumer.msg_timeout)
+            delivered.append(msg)
+            consumer.deliver(msg)
+        if delivered:
+            self._timers_started()
+            self._store.delivered(self, delivered)
 
     def stats(self) -> ChannelStats:
         return ChannelStats(

@@ -32,6 +32,7 @@ import fcntl
 import logging
 import os
 import time
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,7 +147,9 @@ class _Batch:
     def encode(self) -> bytes:
         if self.kind == records.FIN:
             return b"".join(records.fins(self.channel, self.entries))
-        return b"".join(records.attempts(self.channel, self.entries))
+        # Messages delivered (still held: a FINed one has no location any more).
+        return b"".join(records.attempts(self.channel, [(int(m.id, 16), m.attempts)
+                                                        for m in self.entries if m.loc]))
 
 
 @dataclass
@@ -226,15 +229,15 @@ class DiskStore(Store):
         self._queued.setdefault(topic.name, []).append(item)
         self._flush_soon()
 
-    def _queue_batch(self, channel: "Channel", kind: int, entry) -> None:
+    def _queue_batch(self, channel: "Channel", kind: int, entries: list) -> None:
         if self._restoring:
             return
         queue = self._queued.setdefault(channel.topic.name, [])
         last = queue[-1] if queue else None
         if type(last) is _Batch and last.kind == kind and last.channel == channel.name:
-            last.entries.append(entry)
+            last.entries += entries
         else:
-            queue.append(_Batch(kind, channel.name, [entry]))
+            queue.append(_Batch(kind, channel.name, list(entries)))
             self._flush_soon()
 
     # -- what the core tells ----------------------------------------------
@@ -293,18 +296,17 @@ class DiskStore(Store):
         msg.loc = loc
         return msg
 
-    def delivered(self, channel: "Channel", msgs: Iterable[Message]) -> None:
+    def delivered(self, channel: "Channel", msgs: list[Message]) -> None:
         if self._durable(channel):
-            for msg in msgs:
-                if msg.loc:
-                    self._queue_batch(channel, records.ATTEMPTS, (int(msg.id, 16), msg.attempts))
+            self._queue_batch(channel, records.ATTEMPTS, msgs)
 
     def finished(self, channel: "Channel", msg: Message) -> None:
         if not msg.loc:
             return
         if self._durable(channel):
-            self._queue_batch(channel, records.FIN, int(msg.id, 16))
+            self._queue_batch(channel, records.FIN, [int(msg.id, 16)])
         self.logs[channel.topic.name].release(segment_of(msg.loc))
+        msg.loc = 0
 
     def deferred(self, channel: "Channel", msg: Message, delay: float) -> None:
         if msg.loc and self._durable(channel):
@@ -607,7 +609,9 @@ class DiskStore(Store):
         topic_log = self._new_log(name)
         replay = _Replay(name, topic_log)
         chans, paused = replay.channels, replay.paused
-        held: dict[int, list[int]] = {}
+        # id -> (location, attempts, deliver-at); one tuple shared by every channel
+        # until a record changes it for one of them.
+        held: dict[int, tuple[int, int, int]] = {}
         for seg in topic_log.segment_numbers():
             path = topic_log.path(seg)
             data = self.files.read_file(str(path))
@@ -617,12 +621,12 @@ class DiskStore(Store):
                 if kind == records.PUB:
                     msg_id, _, deliver_at, flags = record.pub()
                     replay.max_id = max(replay.max_id, msg_id)
-                    entry = [location(seg, record.offset), 0, deliver_at]
+                    entry = (location(seg, record.offset), 0, deliver_at)
                     if flags & records.HELD:
                         held[msg_id] = entry
                     else:
                         for pending in chans.values():
-                            pending[msg_id] = list(entry)
+                            pending[msg_id] = entry
                 elif kind == records.FIN:
                     channel, ids = record.fins()
                     pending = chans.get(channel)
@@ -635,16 +639,16 @@ class DiskStore(Store):
                     for msg_id, attempts in entries:
                         entry = pending.get(msg_id)
                         if entry is not None:
-                            entry[1] = attempts
+                            pending[msg_id] = (entry[0], attempts, entry[2])
                 elif kind == records.DEFER:
                     channel, msg_id, deliver_at, attempts = record.defer()
-                    entry = chans.get(channel, {}).get(msg_id)
+                    pending = chans.get(channel, {})
+                    entry = pending.get(msg_id)
                     if entry is not None:
-                        entry[1], entry[2] = attempts, deliver_at
+                        pending[msg_id] = (entry[0], attempts, deliver_at)
                 elif kind == records.FLUSH:
                     for pending in chans.values():
-                        for msg_id, entry in held.items():
-                            pending[msg_id] = list(entry)
+                        pending.update(held)
                     held = {}
                 elif kind == records.EMPTY:
                     channel = record.channel()
@@ -681,7 +685,7 @@ class DiskStore(Store):
                     for channel, attempts, deliver_at in copies:
                         pending = held if not channel else chans.get(channel)
                         if pending is not None:
-                            pending[msg_id] = [loc, attempts, deliver_at]
+                            pending[msg_id] = (loc, attempts, deliver_at)
                 elif kind == records.DEDUPE:
                     replay.dedupe.append((seg, bytes(record.payload)))
         replay.held = held
@@ -701,9 +705,11 @@ class DiskStore(Store):
             channel.paused = logged.channels[channel_name]
         if replay.max_id:
             self.broker.new_id.advance_past(f"{replay.max_id:016x}")
-        for entries in [*replay.channels.values(), replay.held]:
-            for loc, _, _ in entries.values():
-                topic_log.hold(segment_of(loc))
+        held_per_segment = Counter(segment_of(entry[0]) for entries in
+                                   [*replay.channels.values(), replay.held]
+                                   for entry in entries.values())
+        for seg, count in held_per_segment.items():
+            topic_log.hold(seg, count)
         now_ns = self.broker.clock.wall_ns()
         for channel_name, entries in replay.channels.items():
             topic.channels[channel_name].restore(*self._queues(topic, entries, now_ns))
@@ -712,9 +718,11 @@ class DiskStore(Store):
             self.broker.dedupe.restore(payload)
             self._dedupe.setdefault(name, {}).setdefault(seg, []).append(payload)
         topic_log.reclaim()
-        return sum(len(e) for e in replay.channels.values()) + len(replay.held)
+        restored = sum(len(e) for e in replay.channels.values()) + len(replay.held)
+        replay.channels, replay.held = {}, {}  # let the replay go before the next topic's
+        return restored
 
-    def _queues(self, topic: "Topic", entries: dict[int, list[int]], now_ns: int
+    def _queues(self, topic: "Topic", entries: dict[int, tuple[int, int, int]], now_ns: int
                 ) -> tuple[list[Message], list[int], list[tuple[Message, float]]]:
         """(ready in memory, ready on disk only, deferred with seconds left)."""
         ready: list[Message] = []
@@ -765,9 +773,9 @@ class _Replay:
     name: str
     log: TopicLog
     topic_paused: bool = False
-    channels: dict[str, dict[int, list[int]]] = field(default_factory=dict)
+    channels: dict[str, dict[int, tuple[int, int, int]]] = field(default_factory=dict)
     paused: dict[str, bool] = field(default_factory=dict)
-    held: dict[int, list[int]] = field(default_factory=dict)
+    held: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     dedupe: list[tuple[int, bytes]] = field(default_factory=list)
     max_id: int = 0
 
