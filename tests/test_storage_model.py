@@ -19,10 +19,11 @@ or sent before a channel existed comes back.
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule)
@@ -71,7 +72,6 @@ def durable(name: str) -> bool:
 class StorageModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        import tempfile
         self._tmp = tempfile.TemporaryDirectory(prefix="pynsq-model-")
         self.clock = ManualClock()
         self.model: dict[str, TopicModel] = {}
@@ -103,8 +103,6 @@ class StorageModel(RuleBasedStateMachine):
         t = self.model.get(topic)
         if t is None:
             t = self.model[topic] = TopicModel(ephemeral=not durable(topic))
-            if not t.ephemeral:
-                pass
         return t
 
     def channel_model(self, topic: str, channel: str) -> ChannelModel:
@@ -327,8 +325,7 @@ class StorageModel(RuleBasedStateMachine):
 
     @rule(crash=st.booleans())
     def restart(self, crash: bool) -> None:
-        from hypothesis import event
-        event(f"restart with {self.counter} published, fins so far {self.fins}")
+        event(f"restart after {self.counter} published, {self.fins} FINs by consume")
         if crash:
             self.store.abandon()
         else:
@@ -345,7 +342,8 @@ class StorageModel(RuleBasedStateMachine):
         self.check_everything_pending()
 
     # -- the oracle ---------------------------------------------------------
-    def pending_in_broker(self, queue, backlog, deferred, in_flight, topic_name):
+    def pending_in_broker(self, backlog, deferred, in_flight, topic_name):
+        """id -> (attempts, deferred until or None, in flight) of what the broker holds."""
         out: dict[str, tuple[int, float | None, bool]] = {}
         store = self.store
         for item in backlog._items:
@@ -379,7 +377,7 @@ class StorageModel(RuleBasedStateMachine):
             topic = self.broker.topics[name]
             assert topic.paused == t.paused
             assert set(topic.channels) == set(t.channels)
-            held = self.pending_in_broker(None, topic._held, [], [], name)
+            held = self.pending_in_broker(topic._held, [], [], name)
             for m, until in topic._held_later:
                 held[m.id] = (m.attempts, until, False)
             assert set(held) == set(t.held), f"held in {name}"
@@ -389,7 +387,7 @@ class StorageModel(RuleBasedStateMachine):
             for cname, c in t.channels.items():
                 channel = topic.channels[cname]
                 assert channel.paused == c.paused
-                got = self.pending_in_broker(None, channel._ready, channel._deferred.live(),
+                got = self.pending_in_broker(channel._ready, channel._deferred.live(),
                                              channel._in_flight.live(), name)
                 assert set(got) == set(c.pending), f"pending in {name}/{cname}"
                 for msg_id, p in c.pending.items():

@@ -11,7 +11,6 @@ import pytest
 
 from broker import Broker, Options
 from broker.clock import ManualClock
-from broker.consumer import Consumer
 from broker.storage import DiskStore, fileops, records
 
 from .corekit import Recorder, advance
