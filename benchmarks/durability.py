@@ -7,6 +7,10 @@
    --sync-every), each broker a fresh subprocess: msgs/s and the ratio.
 2. Queue M messages on a durable broker: its RSS, and the data path's size
    before and after a consumer has FINed them all.
+3. RSS with M messages queued in each backlog shape (a topic with no channel, a
+   paused topic, a paused channel, a deep channel), each in a fresh broker.
+4. Restart with M messages pending in each of 3 channels: time until the
+   broker answers, and its peak RSS (VmHWM) during recovery.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ except ImportError:  # run as a script
 BODY = b"x" * 100
 
 
-def publish(address: str, n: int, batch: int = 100) -> float:
+def publish(address: str, n: int, batch: int = 100, channels: tuple[str, ...] = ("work",)
+            ) -> float:
     with Client(address) as client:
-        client.admin("channel", "create", "bench", "work")
+        for channel in channels:
+            client.admin("channel", "create", "bench", channel)
         started = time.perf_counter()
         for _ in range(0, n, batch):
             client.multi_publish("bench", [BODY] * batch)
@@ -50,11 +56,57 @@ def consume(address: str, n: int) -> float:
     return elapsed
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+SHAPES = {
+    "topic with no channel": [],
+    "paused topic": [("channel", "create", "work"), ("topic", "pause", "")],
+    "paused channel": [("channel", "create", "work"), ("channel", "pause", "work")],
+    "deep channel": [("channel", "create", "work")],
+}
+
+
+def shape_rss(tmp: str, queued: int) -> dict:
+    """RSS (MB) of a durable broker with ``queued`` messages in each backlog shape."""
+    out = {}
+    for i, (shape, setup) in enumerate(SHAPES.items()):
+        proc, address = start_pynsqd("--data-path", f"{tmp}/shape-{i}")
+        try:
+            with Client(address) as client:
+                for kind, action, channel in setup:
+                    client.admin(kind, action, "bench", channel)
+            publish(address, queued, batch=500, channels=())
+            out[shape] = round(rss_mb(proc.pid), 1)
+        finally:
+            stop(proc)
+    return out
+
+
+def restart(tmp: str, pending: int, channels: int = 3) -> dict:
+    """Seconds to restart with ``pending`` messages in each of ``channels`` channels,
+    and the peak RSS (MB) of the restarted broker."""
+    data = f"{tmp}/restart"
+    proc, address = start_pynsqd("--data-path", data)
+    try:
+        publish(address, pending, batch=500,
+                channels=tuple(f"c{i}" for i in range(channels)))
+    finally:
+        stop(proc)
+    started = time.perf_counter()
+    proc, address = start_pynsqd("--data-path", data)
+    try:
+        seconds = time.perf_counter() - started
+        with Client(address) as client:
+            depth = sum(c.depth for c in client.stats("bench").topics[0].channels)
+        peak = rss_mb(proc.pid, "VmHWM")
+    finally:
+        stop(proc)
+    return {"seconds": round(seconds, 2), "peak_rss_mb": round(peak, 1), "pending": depth}
 
 
 def du_mb(path: Path) -> float:
@@ -86,6 +138,8 @@ def run(messages: int, queued: int) -> dict:
             after = du_mb(data)
         finally:
             stop(proc)
+        shapes = shape_rss(tmp, queued)
+        restarted = restart(tmp, queued)
     return {
         "messages": messages, "memory": memory, "durable": durable,
         "durable_vs_memory_publish": round(durable["publish_msgs_per_s"]
@@ -94,7 +148,8 @@ def run(messages: int, queued: int) -> dict:
                                            / memory["consume_msgs_per_s"], 3),
         "queued": queued, "rss_mb_with_queued": round(rss, 1),
         "data_path_mb_before_consuming": round(before, 1),
-        "data_path_mb_after_consuming": round(after, 2)}
+        "data_path_mb_after_consuming": round(after, 2),
+        "rss_mb_by_shape": shapes, "restart": restarted}
 
 
 def main() -> None:

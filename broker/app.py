@@ -17,7 +17,7 @@ from .statsd import StatsdPusher
 from .server.grpc_server import start_grpc_server
 from .server.http import HttpApi
 from .server.tcp import TcpServer
-from .storage import Storage
+from .storage import DiskStore, MemoryStore
 
 log = logging.getLogger("pynsqd")
 _last_accept_failure = 0.0
@@ -54,13 +54,14 @@ class BrokerApp:
     async def start(self) -> None:
         asyncio.get_running_loop().set_exception_handler(_log_accept_failures)
         if self.options.data_path:
-            storage = Storage(self.broker, self.options)
+            storage = DiskStore(self.broker, self.options)
+            self.broker.storage = storage
             try:
                 storage.recover()
             except BaseException:
-                storage.close()
+                self.broker.storage = MemoryStore(self.options.max_memory_bytes)
+                storage.abandon()
                 raise
-            self.broker.storage = storage
         try:
             self._grpc, self.grpc_address = await start_grpc_server(self.broker,
                                                                    self.options.grpc_address)
@@ -114,16 +115,15 @@ class BrokerApp:
             self._grpc = None
 
     def _close_storage(self) -> None:
-        storage, self.broker.storage = self.broker.storage, None
-        if storage is not None:
-            storage.close()
+        storage, self.broker.storage = self.broker.storage, MemoryStore(
+            self.options.max_memory_bytes)
+        storage.close()
 
     async def _tick_forever(self) -> None:
         while True:
             await asyncio.sleep(TICK_INTERVAL)
             try:
                 self.broker.tick()
-                if self.broker.storage is not None:
-                    self.broker.storage.tick()
+                self.broker.storage.tick()
             except Exception:  # a bug must not stop time for everyone
                 log.exception("tick failed")

@@ -9,9 +9,9 @@ touches only those that are due.
 
 from __future__ import annotations
 
-from collections import deque
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Iterator
 
+from .backlog import Backlog
 from .consumer import Consumer
 from .errors import NotInFlight
 from .message import Message
@@ -32,10 +32,9 @@ class Channel:
         self.deleted = False
         self._broker = topic.broker
         self._clock = topic.broker.clock
-        # Past --mem-queue-size, a durable message waits as its disk location only
-        # (an int), and is read back when it comes up.
-        self._ready: deque[Message | int] = deque()
-        self.created_epoch = topic.epoch
+        self._store = topic.broker.storage
+        # Past --mem-queue-size, a durable message waits on disk only.
+        self._ready = Backlog(self._store.spill_limit, self._load)
         self._in_flight = DeadlineQueue()
         self._deferred = DeadlineQueue()
         self._consumers: list[Consumer] = []
@@ -64,27 +63,40 @@ class Channel:
         return list(self._consumers)
 
     # -- from the topic ---------------------------------------------------
+    def _load(self, loc: int) -> Message | None:
+        return self._store.load(self.topic, loc)
+
     def put_many(self, msgs: list[Message]) -> None:
         self.message_count += len(msgs)
-        spill = self._broker.mem_queue_limit
-        room = len(msgs) if spill is None else max(0, spill - len(self._ready))
-        if room >= len(msgs) or not msgs[0].loc:
-            self._ready.extend(msgs)
-        else:
-            self._ready.extend(msgs[:room])
-            self._ready.extend(m.loc for m in msgs[room:])
+        self._ready.extend(msgs)
         self._pump()
 
-    def restore(self, restored: tuple[list["Message | int"], list[tuple[Message, float]]]) -> None:
-        """Queue messages recovered from disk: (ready, [(deferred, seconds left)])."""
-        ready, deferred = restored
+    def put_on_disk(self, locs: Iterable[int]) -> None:
+        """Queue messages that wait on disk only (from the topic's hold)."""
+        before = len(self._ready)
+        self._ready.extend_on_disk(locs)
+        self.message_count += len(self._ready) - before
+        self._pump()
+
+    def restore(self, ready: list[Message], on_disk: list[int],
+                deferred: list[tuple[Message, float]]) -> None:
+        """Queue messages recovered from disk: in memory, on disk only, and
+        deferred (with the seconds they still wait)."""
         self._ready.extend(ready)
+        self._ready.extend_on_disk(on_disk)
+        now = self._clock.monotonic()
         for msg, delay in deferred:
-            self._deferred.push(msg, self._clock.monotonic() + delay)
+            self._deferred.push(msg, now + delay)
+        self._timers_started()
 
     def put_deferred(self, msg: Message, delay: float) -> None:
         self.message_count += 1
         self._deferred.push(msg, self._clock.monotonic() + delay)
+        self._timers_started()
+
+    def _timers_started(self) -> None:
+        """This channel has deadlines: the broker's tick must look at it."""
+        self._broker.timed_channels.add(self)
 
     # -- consumers --------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
@@ -112,7 +124,7 @@ class Channel:
             self._in_flight.cancel(msg)
             msg.consumer = None
         self.requeue_count += len(held)
-        self._ready.extendleft(reversed(held))
+        self._ready.push_front(held)
         self._pump()
 
     def wake(self) -> None:
@@ -134,20 +146,15 @@ class Channel:
         if self.paused:
             return []
         ready = self._ready
-        load = self._broker.load_message
         taken: list[Message] = []
         size = 0
-        while ready and len(taken) < limit:
-            msg = ready[0]
-            if type(msg) is int:
-                msg = load(self.topic, msg)
-                if msg is None:  # damaged on disk: logged and dropped
-                    ready.popleft()
-                    continue
-                ready[0] = msg
-            if max_bytes and taken and size + len(msg.body) > max_bytes:
+        while len(taken) < limit:
+            msg = ready.popleft()
+            if msg is None:
                 break
-            ready.popleft()
+            if max_bytes and taken and size + len(msg.body) > max_bytes:
+                ready.push_front([msg])
+                break
             taken.append(msg)
             size += len(msg.body)
         self._hold_all(holder, taken)
@@ -161,16 +168,9 @@ class Channel:
         wanted_ids = set(wanted)
         if self.paused or not wanted_ids:
             return []
-        keep: deque[Message | int] = deque()
-        found: dict[str, Message] = {}
-        for msg in self._ready:
-            if type(msg) is not int and msg.id in wanted_ids:
-                found[msg.id] = msg
-            else:
-                keep.append(msg)
+        found = self._ready.take_ids(wanted_ids)
         if not found:
             return []
-        self._ready = keep
         taken = [found[i] for i in wanted if i in found]
         self._hold_all(holder, taken)
         return taken
@@ -179,12 +179,14 @@ class Channel:
         """Put ``msgs`` in flight to ``holder``, sharing one deadline."""
         now = self._clock.monotonic()
         for msg in msgs:
-            msg.attempts += 1
+            msg.delivered()
             msg.consumer = holder
             msg.delivered_at = now
         self._in_flight.push_many(msgs, now + holder.msg_timeout)
+        self._timers_started()
         holder.in_flight.update((m.id, m) for m in msgs)
         holder.message_count += len(msgs)
+        self._store.delivered(self, msgs)
 
     # -- FIN / REQ / TOUCH -----------------------------------------------
     def finish(self, consumer: Consumer, msg_id: str) -> None:
@@ -211,7 +213,7 @@ class Channel:
         consumer.finish_count += 1
         self.finish_count += 1
         self.latency.add((wall_ns - msg.timestamp) / 1e6)
-        self._broker.on_finish(self, msg)
+        self._store.finished(self, msg)
 
     def finish_all(self, holder: Consumer) -> int:
         """FIN everything ``holder`` has in flight (a lease); returns how many."""
@@ -222,7 +224,7 @@ class Channel:
             self._in_flight.cancel(msg)
             msg.consumer = None
             self.latency.add((wall_ns - msg.timestamp) / 1e6)
-            self._broker.on_finish(self, msg)
+            self._store.finished(self, msg)
         holder.finish_count += len(held)
         self.finish_count += len(held)
         self._pump()
@@ -234,6 +236,7 @@ class Channel:
         for msg in held:
             self._in_flight.cancel(msg)
         self._in_flight.push_many(held, self._clock.monotonic() + holder.msg_timeout)
+        self._timers_started()
         return len(held)
 
     def requeue(self, consumer: Consumer, msg_id: str, delay: float = 0.0) -> None:
@@ -246,7 +249,8 @@ class Channel:
         self.requeue_count += 1
         if delay > 0:
             self._deferred.push(msg, self._clock.monotonic() + delay)
-            self._broker.on_deferred(self, msg, delay)
+            self._timers_started()
+            self._store.deferred(self, msg, delay)
         else:
             self._ready.append(msg)
         self._pump()
@@ -255,6 +259,7 @@ class Channel:
         msg = self._held(consumer, msg_id, "TOUCH")
         self._in_flight.cancel(msg)
         self._in_flight.push(msg, self._clock.monotonic() + consumer.msg_timeout)
+        self._timers_started()
 
     def _held(self, consumer: Consumer, msg_id: str, command: str) -> Message:
         msg = consumer.in_flight.get(msg_id)
@@ -265,8 +270,9 @@ class Channel:
         return msg
 
     # -- time -------------------------------------------------------------
-    def tick(self, now: float) -> None:
-        """Requeue timed-out messages; release deferred messages that are due."""
+    def tick(self, now: float) -> bool:
+        """Requeue timed-out messages; release deferred messages that are due.
+        Returns whether deadlines remain."""
         timed_out = list(self._in_flight.pop_due(now))
         for msg in timed_out:
             holder = msg.consumer
@@ -279,28 +285,30 @@ class Channel:
         self._ready.extend(due)
         if timed_out or due:
             self._pump()
+        return bool(self._in_flight) or bool(self._deferred)
 
     # -- admin ------------------------------------------------------------
     def pause(self) -> None:
         self.paused = True
-        self._broker.on_metadata_changed()
+        self._store.channel_changed(self)
 
     def unpause(self) -> None:
         self.paused = False
-        self._broker.on_metadata_changed()
+        self._store.channel_changed(self)
         self._pump()
 
     def empty(self) -> None:
         """Drop every queued, deferred and in-flight message (as nsqd does)."""
         in_flight = self._in_flight.clear()
-        dropped = list(self._ready) + self._deferred.clear() + in_flight
-        self._ready.clear()
+        msgs = [*self._ready.messages(), *self._deferred.clear(), *in_flight]
+        on_disk = list(self._ready.on_disk())
+        self._ready.take_all()
         # Every holder lets go, leases included (they are not in _consumers).
         for msg in in_flight:
             if msg.consumer is not None:
                 msg.consumer.in_flight.pop(msg.id, None)
                 msg.consumer = None
-        self._broker.on_dropped(self.topic, self, dropped)
+        self._store.dropped(self.topic, self, msgs, on_disk)
 
     def close(self) -> list[Consumer]:
         """Forget everything; return the consumers that were attached."""
@@ -310,10 +318,6 @@ class Channel:
         self.empty()
         return consumers
 
-    def pending(self) -> tuple[list["Message | int"], list[Message], list[Message]]:
-        """(ready, in flight, deferred), for storage to persist at shutdown."""
-        return list(self._ready), self._in_flight.live(), self._deferred.live()
-
     # -- delivery ---------------------------------------------------------
     def _pump(self) -> None:
         if self.paused or not self._consumers:
@@ -321,6 +325,9 @@ class Channel:
         ready = self._ready
         consumers = self._consumers
         n = len(consumers)
+        now = self._clock.monotonic()
+        push = self._in_flight.push
+        delivered: list[Message] = []
         while ready:
             for i in range(n):
                 consumer = consumers[(self._rr + i) % n]
@@ -328,21 +335,19 @@ class Channel:
                     self._rr = (self._rr + i + 1) % n
                     break
             else:
-                return
+                break
             msg = ready.popleft()
-            if type(msg) is int:
-                msg = self._broker.load_message(self.topic, msg)
-                if msg is None:
-                    continue
-            self._start_in_flight(msg, consumer)
-
-    def _start_in_flight(self, msg: Message, consumer: Consumer) -> None:
-        msg.attempts += 1
-        msg.consumer = consumer
-        now = self._clock.monotonic()
-        msg.delivered_at = now
-        self._in_flight.push(msg, now + consumer.msg_timeout)
-        consumer.deliver(msg)
+            if msg is None:
+                break
+            msg.delivered()
+            msg.consumer = consumer
+            msg.delivered_at = now
+            push(msg, now + consumer.msg_timeout)
+            delivered.append(msg)
+            consumer.deliver(msg)
+        if delivered:
+            self._timers_started()
+            self._store.delivered(self, delivered)
 
     def stats(self) -> ChannelStats:
         return ChannelStats(
@@ -353,4 +358,29 @@ class Channel:
             clients=[ClientStats(c.client_id, c.rdy, len(c.in_flight), c.message_count,
                                  c.finish_count, c.requeue_count, c.connect_ts)
                      for c in self._consumers],
-            e2e_processing_latency=self.latency.percentiles())
+            e2e_processing_latency=self.latency.percentiles(),
+            on_disk_count=len(self._ready) - self._ready.in_memory,
+            disk_bytes=self._store.pinned_bytes(self, self._oldest_location()))
+
+    def copies(self) -> Iterator[tuple[int, int, float]]:
+        """(log location, attempts, deferred until or 0) of every durable message here."""
+        for loc, attempts in self._ready.copies():
+            yield loc, attempts, 0.0
+        for msg in self._in_flight.live():
+            if msg.loc:
+                yield msg.loc, msg.attempts, 0.0
+        for msg in self._deferred.live():
+            if msg.loc:
+                yield msg.loc, msg.attempts, msg.deadline
+
+    def relocate(self, moved: dict[int, int]) -> None:
+        """Records copied elsewhere in the log (old -> new location)."""
+        self._ready.relocate(moved)
+        for msg in [*self._in_flight.live(), *self._deferred.live()]:
+            if msg.loc in moved:
+                msg.loc = moved[msg.loc]
+
+    def _oldest_location(self) -> int:
+        locs = [m.loc for q in (self._in_flight, self._deferred) for m in q.live() if m.loc]
+        oldest = self._ready.oldest_location()
+        return min([*locs, oldest] if oldest else locs, default=0)

@@ -25,10 +25,11 @@ from .message import IdFactory, Message
 from .names import check_channel_name, check_topic_name
 from .options import Options
 from .stats import TopicStats
+from .storage.store import MemoryStore
 from .topic import Topic
 
 if TYPE_CHECKING:
-    from .storage import Storage
+    from .storage.store import Store
 
 # A listener hears of topics and channels appearing and going away:
 # ``listener(event, topic, channel)`` with event one of "topic_created",
@@ -58,7 +59,11 @@ class Broker:
         # Leases requeued or timed out, by their messages' ids, for a replay to adopt.
         self._requeued: OrderedDict[str, RememberedLease] = OrderedDict()
         self.dedupe = Deduplicator(clock=self.clock)
-        self.storage: "Storage | None" = None  # set by BrokerApp when --data-path is given
+        # Where durable topics live: memory only, or a DiskStore (BrokerApp sets it
+        # when --data-path is given, before any topic exists).
+        self.storage: "Store" = MemoryStore(self.options.max_memory_bytes)
+        # Channels with in-flight or deferred messages: all that a tick looks at.
+        self.timed_channels: set[Channel] = set()
         self.listeners: list[Listener] = []  # e.g. the nsqlookupd registration
 
     # -- publishing -------------------------------------------------------
@@ -101,7 +106,7 @@ class Broker:
         msgs = [Message(new_id(), body, now) for body in bodies]
         entry = (self.dedupe.entry(producer_id, sequence, msgs[0].id, len(msgs), digest)
                  if producer_id else None)
-        self.on_publish(t, msgs, defers, producer=entry.encode() if entry else None)
+        self.storage.published(t, msgs, defers, producer=entry.encode() if entry else None)
         if not any(defers):
             t.publish(msgs, 0.0)
         else:
@@ -365,8 +370,9 @@ class Broker:
         if t is None:
             check_topic_name(name)
             t = Topic(self, name)
+            self.storage.topic_created(t)
             self.topics[name] = t
-            self.on_topic_created(t)
+            self._notify("topic_created", name, None)
         return t
 
     def create_channel(self, topic: str, channel: str) -> Channel:
@@ -377,7 +383,8 @@ class Broker:
         t = self.topic(name)
         del self.topics[name]
         t.close()
-        self.on_topic_deleted(t)
+        self.storage.topic_deleted(t)
+        self._notify("topic_deleted", name, None)
 
     def delete_channel(self, topic: str, channel: str) -> None:
         check_channel_name(channel)
@@ -386,9 +393,9 @@ class Broker:
     # -- time and stats ---------------------------------------------------
     def tick(self) -> None:
         now = self.clock.monotonic()
-        for t in list(self.topics.values()):
-            for ch in list(t.channels.values()):
-                ch.tick(now)
+        for ch in list(self.timed_channels):
+            if ch.deleted or not ch.tick(now):
+                self.timed_channels.discard(ch)
         if self._leases or self._sessions:
             self._tick_leases(now)
 
@@ -397,54 +404,8 @@ class Broker:
             return [self.topic(topic).stats(channel or None)]
         return [t.stats() for _, t in sorted(self.topics.items())]
 
-    # -- hooks: what storage must hear of ---------------------------------
-    @property
-    def mem_queue_limit(self) -> int | None:
-        """Ready messages a channel keeps in memory; None: all of them."""
-        return self.options.mem_queue_size if self.storage is not None else None
-
-    def load_message(self, topic: Topic, loc: int) -> Message | None:
-        """A message that waited on disk only (as its location), read back; None if
-        its record was damaged on disk since (it is logged and dropped)."""
-        assert self.storage is not None
-        return self.storage.load(topic, loc)
-
-    def on_publish(self, topic: Topic, msgs: list[Message], defers: list[int], *,
-                   producer: bytes | None = None) -> None:
-        """``producer``: the encoded de-duplication entry of this request, if any, to be
-        written with its messages."""
-        if self.storage is not None:
-            self.storage.published(topic, msgs, defers, producer=producer)
-
-    def on_held_flushed(self, topic: Topic, msgs: list[Message]) -> None:
-        if self.storage is not None:
-            self.storage.held_flushed(topic, msgs)
-
-    def on_finish(self, channel: Channel, msg: Message) -> None:
-        if self.storage is not None:
-            self.storage.finished(channel, msg)
-
-    def on_deferred(self, channel: Channel, msg: Message, delay: float) -> None:
-        if self.storage is not None:
-            self.storage.deferred(channel, msg, delay)
-
-    def on_dropped(self, topic: Topic, channel: Channel | None,
-                   msgs: list[Message | int]) -> None:
-        if self.storage is not None:
-            self.storage.dropped(topic, channel, msgs)
-
-    def on_topic_created(self, topic: Topic) -> None:
-        self.on_metadata_changed()
-        self._notify("topic_created", topic.name, None)
-
-    def on_topic_deleted(self, topic: Topic) -> None:
-        if self.storage is not None:
-            self.storage.topic_deleted(topic)
-        self.on_metadata_changed()
-        self._notify("topic_deleted", topic.name, None)
-
+    # -- what the core's parts report ------------------------------------
     def on_channel_created(self, channel: Channel) -> None:
-        self.on_metadata_changed()
         self._notify("channel_created", channel.topic.name, channel.name)
 
     def on_channel_deleted(self, channel: Channel) -> None:
@@ -454,7 +415,6 @@ class Broker:
         for lease_id, old in list(self._requeued.items()):
             if old.channel is channel:
                 del self._requeued[lease_id]
-        self.on_metadata_changed()
         self._notify("channel_deleted", channel.topic.name, channel.name)
 
     def _notify(self, event: str, topic: str, channel: str | None) -> None:
@@ -463,10 +423,6 @@ class Broker:
                 listener(event, topic, channel)
             except Exception:  # a listener's bug must not fail a publish or an admin call
                 log.exception("listener failed on %s %s/%s", event, topic, channel)
-
-    def on_metadata_changed(self) -> None:
-        if self.storage is not None:
-            self.storage.metadata_changed()
 
     def on_consumer_evicted(self, consumer: Consumer) -> None:
         if consumer.on_evicted is not None:

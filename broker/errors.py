@@ -151,6 +151,17 @@ class Exiting(Unavailable):
     code = "E_EXITING"
 
 
+class StorageFailed(BrokerError):
+    """The data path could not take a publish (a failed write or fsync, a full
+    disk): nothing of it was accepted, and the client may retry."""
+
+    code = "E_PUB_FAILED"
+
+
+class QueueFull(StorageFailed):
+    """Without ``--data-path``: the queued messages would pass ``--max-memory-bytes``."""
+
+
 def _by_code() -> dict[str, type[BrokerError]]:
     """Every error class by its code, classes defined in other modules included."""
     found: dict[str, type[BrokerError]] = {}

@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from .consumer import Consumer
 
 
+# attempts stops counting here (NSQ's wire field is a uint16).
+MAX_ATTEMPTS = 65535
+
+
 class Message:
     __slots__ = ("id", "body", "timestamp", "attempts", "consumer", "deadline", "token",
                  "delivered_at", "loc")
@@ -29,6 +33,11 @@ class Message:
         self.token = 0                      # changes whenever a queued deadline is void
         self.delivered_at = 0.0
         self.loc = 0                        # where its record is on disk (0: nowhere)
+
+    def delivered(self) -> None:
+        """Count one more delivery."""
+        if self.attempts < MAX_ATTEMPTS:
+            self.attempts += 1
 
     def copy(self) -> "Message":
         msg = Message(self.id, self.body, self.timestamp, self.attempts)

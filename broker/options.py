@@ -55,6 +55,10 @@ class Options:
     data_path: str = _opt("", "directory for the broker's data (empty: memory only)")
     mem_queue_size: int = _opt(10_000, "messages kept in memory per topic and channel")
     max_bytes_per_file: int = _opt(100 * 1024 * 1024, "size at which a data file rolls")
+    max_disk_bytes: int = _opt(0, "with --data-path: bytes of data files past which publishes "
+                                  "are refused (0: no limit)")
+    max_memory_bytes: int = _opt(0, "without --data-path: bytes of queued message bodies past "
+                                    "which publishes are refused (0: no limit)")
     sync_every: int = _opt(2500, "messages per fsync of the data files")
     sync_timeout: int = _duration(2_000, "longest time between fsyncs")
     msg_timeout: int = _duration(60_000, "default in-flight timeout of a message")
@@ -80,7 +84,8 @@ class Options:
             if f.metadata.get("duration"):
                 setattr(self, f.name, parse_duration_ms(value, name=f.name.replace("_", "-")))
         for name in ("mem_queue_size", "max_msg_size", "max_rdy_count", "sync_every",
-                     "max_bytes_per_file", "max_body_size"):
+                     "max_bytes_per_file", "max_body_size", "max_disk_bytes",
+                     "max_memory_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must not be negative")
         self.lookupd_tcp_address = _addresses(self.lookupd_tcp_address, "lookupd-tcp-address")

@@ -61,6 +61,8 @@ class ChannelStats:
     paused: bool
     clients: list[ClientStats] = field(default_factory=list)
     e2e_processing_latency: list[tuple[float, float]] = field(default_factory=list)
+    on_disk_count: int = 0          # ready messages that wait on disk only
+    disk_bytes: int = 0             # bytes of the topic's files this channel keeps
 
 
 @dataclass
@@ -72,3 +74,5 @@ class TopicStats:
     paused: bool
     channels: list[ChannelStats] = field(default_factory=list)
     e2e_processing_latency: list[tuple[float, float]] = field(default_factory=list)
+    on_disk_count: int = 0          # held messages that wait on disk only
+    disk_bytes: int = 0             # bytes of the topic's files

@@ -1,15 +1,16 @@
 """A topic: stamps each published message and copies it to every channel.
 
 While a topic has no channel, or is paused, messages wait in the topic itself
-and flow to the channels once there are some and it is unpaused, as in nsqd.
-A deferred publish keeps its delay while it waits.
+(``holds``) and flow to the channels once there are some and it is unpaused, as
+in nsqd. A deferred publish keeps its delay while it waits. What the topic
+holds is bounded in memory as a channel's backlog is.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
+from .backlog import Backlog, OnDisk
 from .channel import Channel
 from .errors import ChannelNotFound
 from .message import Message
@@ -27,24 +28,35 @@ class Topic:
         self.ephemeral = is_ephemeral(name)
         self.paused = False
         self.channels: dict[str, Channel] = {}
-        # Counts changes to the set of channels: a durable message records the
-        # epoch it was published in, so recovery knows which channels it went to.
-        self.epoch = 0
-        # (message, deliver-at monotonic seconds or 0) held for later channels
-        self._held: deque[tuple[Message, float]] = deque()
+        self._store = broker.storage
+        # Held for later channels: ready ones, and deferred ones with their
+        # deliver-at (monotonic seconds).
+        self._held = Backlog(self._store.spill_limit, self._load)
+        self._held_later: list[tuple[Message, float]] = []
         self.message_count = 0
         self.message_bytes = 0
 
     @property
     def depth(self) -> int:
-        return len(self._held)
+        return len(self._held) + len(self._held_later)
+
+    @property
+    def holds(self) -> bool:
+        """Whether a message published now waits in the topic for channels."""
+        return self.paused or not self.channels
+
+    def _load(self, loc: int) -> Message | None:
+        return self._store.load(self, loc)
 
     def publish(self, msgs: list[Message], delay: float = 0.0) -> None:
         self.message_count += len(msgs)
         self.message_bytes += sum(len(m.body) for m in msgs)
-        if self.paused or not self.channels:
-            until = self.broker.clock.monotonic() + delay if delay > 0 else 0.0
-            self._held.extend((m, until) for m in msgs)
+        if self.holds:
+            if delay > 0:
+                until = self.broker.clock.monotonic() + delay
+                self._held_later.extend((m, until) for m in msgs)
+            else:
+                self._held.extend(msgs)
             return
         self._copy_to_channels(msgs, delay)
 
@@ -60,28 +72,52 @@ class Topic:
                 channel.put_many(batch)
 
     def _flush_held(self) -> None:
-        if self.paused or not self.channels or not self._held:
+        if self.holds or not self.depth:
             return
-        held, self._held = self._held, deque()
-        self.broker.on_held_flushed(self, [m for m, _ in held])
+        held, later = self._held.take_all(), self._held_later
+        self._held_later = []
+        self._store.held_flushed(
+            self, [*(m for m in held if type(m) is not OnDisk), *(m for m, _ in later)],
+            [loc for item in held if type(item) is OnDisk for loc in item.remaining()])
+        batch: list[Message] = []
+        for item in held:
+            if type(item) is not OnDisk:
+                batch.append(item)
+                continue
+            if batch:
+                self._copy_to_channels(batch, 0.0)
+                batch = []
+            locs = item.remaining()
+            for channel in self.channels.values():
+                channel.put_on_disk(locs)
+        if batch:
+            self._copy_to_channels(batch, 0.0)
         now = self.broker.clock.monotonic()
-        ready = [m for m, until in held if until <= now]
-        if ready:
-            self._copy_to_channels(ready, 0.0)
-        for m, until in held:
-            if until > now:
-                self._copy_to_channels([m], until - now)
+        for m, until in later:
+            self._copy_to_channels([m], max(0.0, until - now))
 
-    def restore_held(self, restored: tuple[list["Message | int"], list[tuple[Message, float]]]
-                     ) -> None:
+    def restore_held(self, ready: list[Message], on_disk: list[int],
+                     deferred: list[tuple[Message, float]]) -> None:
         """Hold messages recovered from disk until this topic has a channel."""
-        ready, deferred = restored
+        self._held.extend(ready)
+        self._held.extend_on_disk(on_disk)
         now = self.broker.clock.monotonic()
-        load = self.broker.load_message
-        msgs = (m if type(m) is not int else load(self, m) for m in ready)
-        self._held.extend((m, 0.0) for m in msgs if m is not None)
-        self._held.extend((m, now + delay) for m, delay in deferred)
-        self._flush_held()
+        self._held_later.extend((m, now + delay) for m, delay in deferred)
+
+    def copies(self) -> Iterator[tuple[int, int, float]]:
+        """(log location, attempts, deferred until or 0) of every durable message held."""
+        for loc, attempts in self._held.copies():
+            yield loc, attempts, 0.0
+        for msg, until in self._held_later:
+            if msg.loc:
+                yield msg.loc, msg.attempts, until
+
+    def relocate(self, moved: dict[int, int]) -> None:
+        """Records copied elsewhere in the log (old -> new location)."""
+        self._held.relocate(moved)
+        for msg, _ in self._held_later:
+            if msg.loc in moved:
+                msg.loc = moved[msg.loc]
 
     def channel(self, name: str) -> Channel:
         try:
@@ -93,9 +129,9 @@ class Topic:
         channel = self.channels.get(name)
         if channel is None:
             check_channel_name(name)
-            self.epoch += 1
             channel = Channel(self, name)
             self.channels[name] = channel
+            self._store.channel_created(channel)
             self.broker.on_channel_created(channel)
             self._flush_held()
         return channel
@@ -103,34 +139,36 @@ class Topic:
     def delete_channel(self, name: str) -> None:
         channel = self.channel(name)
         del self.channels[name]
-        self.epoch += 1
         for consumer in channel.close():
             self.broker.on_consumer_evicted(consumer)
+        self._store.channel_deleted(channel)
         self.broker.on_channel_deleted(channel)
         if self.ephemeral and not self.channels:
             self.broker.delete_topic(self.name)
 
     def pause(self) -> None:
         self.paused = True
-        self.broker.on_metadata_changed()
+        self._store.topic_changed(self)
 
     def unpause(self) -> None:
         self.paused = False
-        self.broker.on_metadata_changed()
+        self._store.topic_changed(self)
         self._flush_held()
 
     def empty(self) -> None:
         """Drop what the topic holds for later channels (channels keep theirs)."""
-        dropped = [m for m, _ in self._held]
-        self._held.clear()
-        self.broker.on_dropped(self, None, dropped)
+        msgs = [*self._held.messages(), *(m for m, _ in self._held_later)]
+        on_disk = list(self._held.on_disk())
+        self._held.take_all()
+        self._held_later = []
+        self._store.dropped(self, None, msgs, on_disk)
 
     def close(self) -> None:
         for name in list(self.channels):
             channel = self.channels.pop(name)
             for consumer in channel.close():
                 self.broker.on_consumer_evicted(consumer)
-        self._held.clear()
+        self.empty()
 
     def stats(self, channel: str | None = None) -> TopicStats:
         channels = [c for n, c in sorted(self.channels.items()) if channel is None or n == channel]
@@ -140,4 +178,6 @@ class Topic:
         return TopicStats(name=self.name, depth=self.depth, message_count=self.message_count,
                           message_bytes=self.message_bytes, paused=self.paused,
                           channels=[c.stats() for c in channels],
-                          e2e_processing_latency=latency.percentiles())
+                          e2e_processing_latency=latency.percentiles(),
+                          on_disk_count=len(self._held) - self._held.in_memory,
+                          disk_bytes=self._store.disk_bytes(self))

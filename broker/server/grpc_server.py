@@ -20,7 +20,7 @@ from ..api import broker_pb2_grpc as pb_grpc
 from ..consumer import Consumer
 from ..core import Broker
 from ..errors import (ERROR_CODE_METADATA, BrokerError, ChannelNotFound, Conflict, InvalidRequest,
-                      NotFound, NotInFlight, Unavailable)
+                      NotFound, NotInFlight, StorageFailed, Unavailable)
 from ..message import Message
 
 log = logging.getLogger("pynsqd")
@@ -41,6 +41,8 @@ def status_of(err: BrokerError) -> grpc.StatusCode:
         return grpc.StatusCode.FAILED_PRECONDITION
     if isinstance(err, Unavailable):
         return grpc.StatusCode.UNAVAILABLE
+    if isinstance(err, StorageFailed):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
     return grpc.StatusCode.INVALID_ARGUMENT      # Invalid, and anything else refused
 
 

@@ -22,8 +22,8 @@ from aiohttp import web
 from .. import __version__
 from ..core import Broker
 from ..errors import (BodyTooBig, BrokerError, ChannelNotFound, InvalidBody, InvalidChannel,
-                      InvalidMessage, InvalidTopic, MessageTooBig, NotFound, TopicNotFound,
-                      Unavailable)
+                      InvalidMessage, InvalidTopic, MessageTooBig, NotFound, StorageFailed,
+                      TopicNotFound, Unavailable)
 from ..names import is_valid_name
 from .wire import parse_mpub
 
@@ -51,6 +51,7 @@ _HTTP_ERRORS: tuple[tuple[type[BrokerError], int, str], ...] = (
     (ChannelNotFound, 404, "CHANNEL_NOT_FOUND"),
     (NotFound, 404, "NOT_FOUND"),
     (Unavailable, 503, "EXITING"),
+    (StorageFailed, 500, "PUB_FAILED"),
 )
 
 
@@ -307,11 +308,13 @@ def _latency(values: list[tuple[float, float]], count: int) -> dict:
 
 def _topic_json(t) -> dict:
     return {
-        "topic_name": t.name, "depth": t.depth, "backend_depth": 0,
+        "topic_name": t.name, "depth": t.depth, "backend_depth": t.on_disk_count,
+        "disk_bytes": t.disk_bytes,
         "message_count": t.message_count, "message_bytes": t.message_bytes, "paused": t.paused,
         "e2e_processing_latency": _latency(t.e2e_processing_latency, t.message_count),
         "channels": [{
-            "channel_name": c.name, "depth": c.depth, "backend_depth": 0,
+            "channel_name": c.name, "depth": c.depth, "backend_depth": c.on_disk_count,
+            "disk_bytes": c.disk_bytes,
             "in_flight_count": c.in_flight_count, "deferred_count": c.deferred_count,
             "message_count": c.message_count, "requeue_count": c.requeue_count,
             "timeout_count": c.timeout_count, "client_count": len(c.clients), "paused": c.paused,

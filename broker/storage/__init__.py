@@ -1,6 +1,6 @@
-"""Disk storage behind the core: ``--data-path`` holds every durable topic's log
-and the metadata, and nothing of ``#ephemeral`` topics or channels."""
+"""Disk storage behind the core: ``--data-path`` holds every durable topic's log,
+and nothing of ``#ephemeral`` topics or channels."""
 
-from .store import DataPathLocked, Storage
+from .store import DataPathLocked, DiskStore, MemoryStore, Store
 
-__all__ = ["DataPathLocked", "Storage"]
+__all__ = ["DataPathLocked", "DiskStore", "MemoryStore", "Store"]

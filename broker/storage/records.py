@@ -4,6 +4,22 @@ Every record is ``[magic 2][type 1][length 4][crc32 4][payload]`` (big-endian);
 the CRC covers type and payload. A scan that meets a bad magic, a bad CRC or a
 record cut short logs it, and resynchronises on the next magic that starts a
 valid record, so everything valid before and after the damage is kept.
+
+Record types, and what recovery does with each (in log order):
+
+- ``STATE``: first record of every segment: the topic's paused state and its
+  durable channels (name, paused) as the log stood before this segment;
+- ``CHANNEL``: a durable channel created, deleted, paused or unpaused;
+- ``TOPIC``: the topic paused or unpaused;
+- ``PUB``: a message; it went to every durable channel the log names at that
+  point, or, flagged ``HELD``, waits in the topic for channels;
+- ``FLUSH``: every held message went to the durable channels named now;
+- ``FIN`` / ``DEFER`` / ``ATTEMPTS`` / ``EMPTY``: one channel's (``""``: the
+  topic's held messages) finished ids, deferral, delivery counts, emptying;
+- ``DEDUPE``: an opaque de-duplication entry, written with the MPUB it names;
+- ``MOVE``: a message copied out of an old segment so the segment can go: it is
+  pending in exactly the channels it names (``""``: held by the topic), with
+  their attempts and deliver-at times.
 """
 
 from __future__ import annotations
@@ -20,14 +36,17 @@ MAGIC = b"\xa5\x5a"
 HEADER = struct.Struct(">2sBII")          # magic, type, payload length, crc32
 HEADER_SIZE = HEADER.size
 
-PUB, FIN, DEFER, ATTEMPTS, EMPTY = 1, 2, 3, 4, 5
+PUB, FIN, DEFER, ATTEMPTS, EMPTY, CHANNEL, TOPIC, STATE, FLUSH, DEDUPE, MOVE = range(1, 12)
+CREATE, DELETE, PAUSE, UNPAUSE = 1, 2, 3, 4
 
-# PUB: topic epoch, id, publish ns, deliver-at wall ns (0: at once), then the body.
-PUB_HEAD = struct.Struct(">IQqq")
-# DEFER / ATTEMPTS / EMPTY name a channel (length-prefixed) and a message.
-ID_AT = struct.Struct(">Qqh")             # id, deliver-at wall ns, attempts
-# FIN names a channel and the ids it finished (one record for many FINs).
+HELD = 1
+# PUB: id, publish ns, deliver-at wall ns (0: at once), flags, then the body.
+PUB_HEAD = struct.Struct(">QqqB")
+ID_AT = struct.Struct(">QqI")             # DEFER: id, deliver-at wall ns, attempts
+ID_ATTEMPTS = struct.Struct(">QI")
 MAX_PAYLOAD = 64 << 20
+# Ids per FIN record and entries per ATTEMPTS record: far below MAX_PAYLOAD.
+MAX_IDS_PER_RECORD = 1 << 16
 
 
 def encode(kind: int, payload: bytes) -> bytes:
@@ -35,19 +54,71 @@ def encode(kind: int, payload: bytes) -> bytes:
     return HEADER.pack(MAGIC, kind, len(payload), crc) + payload
 
 
-def pub(epoch: int, msg_id: int, timestamp: int, deliver_at: int, body: bytes) -> bytes:
-    return encode(PUB, PUB_HEAD.pack(epoch, msg_id, timestamp, deliver_at) + body)
-
-
-def channel_event(kind: int, channel: str, msg_id: int = 0, deliver_at: int = 0,
-                  attempts: int = 0) -> bytes:
+def _name(channel: str) -> bytes:
     name = channel.encode()
-    return encode(kind, bytes((len(name),)) + name + ID_AT.pack(msg_id, deliver_at, attempts))
+    return bytes((len(name),)) + name
 
 
-def fins(channel: str, msg_ids: list[int]) -> bytes:
-    name = channel.encode()
-    return encode(FIN, bytes((len(name),)) + name + struct.pack(f">{len(msg_ids)}Q", *msg_ids))
+def pub(msg_id: int, timestamp: int, deliver_at: int, held: bool, body: bytes) -> bytes:
+    return encode(PUB, PUB_HEAD.pack(msg_id, timestamp, deliver_at, HELD if held else 0) + body)
+
+
+def fins(channel: str, msg_ids: list[int]) -> list[bytes]:
+    return [encode(FIN, _name(channel) + struct.pack(f">{len(chunk)}Q", *chunk))
+            for chunk in _chunks(msg_ids)]
+
+
+def attempts(channel: str, entries: list[tuple[int, int]]) -> list[bytes]:
+    return [encode(ATTEMPTS, _name(channel) + b"".join(ID_ATTEMPTS.pack(*e) for e in chunk))
+            for chunk in _chunks(entries)]
+
+
+def defer(channel: str, msg_id: int, deliver_at: int, attempts: int) -> bytes:
+    return encode(DEFER, _name(channel) + ID_AT.pack(msg_id, deliver_at, attempts))
+
+
+def empty(channel: str) -> bytes:
+    return encode(EMPTY, _name(channel))
+
+
+def channel_op(op: int, channel: str) -> bytes:
+    return encode(CHANNEL, bytes((op,)) + _name(channel))
+
+
+def topic_op(op: int) -> bytes:
+    return encode(TOPIC, bytes((op,)))
+
+
+def state(paused: bool, channels: dict[str, bool]) -> bytes:
+    parts = [bytes((int(paused),))]
+    for name, channel_paused in channels.items():
+        parts.append(bytes((int(channel_paused),)) + _name(name))
+    return encode(STATE, b"".join(parts))
+
+
+def flush() -> bytes:
+    return encode(FLUSH, b"")
+
+
+def dedupe(payload: bytes) -> bytes:
+    return encode(DEDUPE, payload)
+
+
+MOVE_HEAD = struct.Struct(">QqH")         # id, publish ns, number of copies
+COPY_AT = struct.Struct(">Iq")            # attempts, deliver-at wall ns (0: at once)
+
+
+def move(msg_id: int, timestamp: int, copies: list[tuple[str, int, int]], body: bytes) -> bytes:
+    """A PUB-like record: ``copies`` are (channel or "" for held, attempts, deliver_at)."""
+    parts = [MOVE_HEAD.pack(msg_id, timestamp, len(copies))]
+    for channel, attempts, deliver_at in copies:
+        parts.append(_name(channel) + COPY_AT.pack(attempts, deliver_at))
+    return encode(MOVE, b"".join(parts) + body)
+
+
+def _chunks(items: list) -> Iterator[list]:
+    for start in range(0, len(items), MAX_IDS_PER_RECORD):
+        yield items[start:start + MAX_IDS_PER_RECORD]
 
 
 class DamagedRecord(Exception):
@@ -70,8 +141,14 @@ def pubs_in(block: bytes, first_loc: int) -> dict[int, tuple[int, int, bytes]]:
         if kind == PUB:
             if crc32(view[start:stop], pub_seed) != crc:
                 break
-            _, msg_id, ts, _ = unpack_pub(block, start)
+            msg_id, ts, _, _ = unpack_pub(block, start)
             out[first_loc + pos] = (msg_id, ts, block[start + PUB_HEAD.size:stop])
+        elif kind == MOVE:
+            if crc32(view[start:stop], crc32(bytes((MOVE,)))) != crc:
+                break
+            record = Record(MOVE, pos, view[start:stop])
+            msg_id, ts, _, body = record.move()
+            out[first_loc + pos] = (msg_id, ts, body)
         pos = stop
     return out
 
@@ -83,22 +160,54 @@ class Record:
     payload: memoryview
 
     def pub(self) -> tuple[int, int, int, int]:
-        """(epoch, id, timestamp, deliver_at)."""
+        """(id, timestamp, deliver_at, flags)."""
         return PUB_HEAD.unpack_from(self.payload)
 
-    def fins(self) -> tuple[str, tuple[int, ...]]:
-        """(channel, ids finished)."""
-        n = self.payload[0]
-        channel = bytes(self.payload[1:1 + n]).decode()
-        count = (len(self.payload) - 1 - n) // 8
-        return channel, struct.unpack_from(f">{count}Q", self.payload, 1 + n)
+    def _channel(self, at: int = 0) -> tuple[str, int]:
+        n = self.payload[at]
+        return bytes(self.payload[at + 1:at + 1 + n]).decode(), at + 1 + n
 
-    def channel_event(self) -> tuple[str, int, int, int]:
+    def fins(self) -> tuple[str, tuple[int, ...]]:
+        channel, pos = self._channel()
+        count = (len(self.payload) - pos) // 8
+        return channel, struct.unpack_from(f">{count}Q", self.payload, pos)
+
+    def attempts(self) -> tuple[str, list[tuple[int, int]]]:
+        channel, pos = self._channel()
+        return channel, [ID_ATTEMPTS.unpack_from(self.payload, at)
+                         for at in range(pos, len(self.payload), ID_ATTEMPTS.size)]
+
+    def defer(self) -> tuple[str, int, int, int]:
         """(channel, id, deliver_at, attempts)."""
-        n = self.payload[0]
-        channel = bytes(self.payload[1:1 + n]).decode()
-        msg_id, deliver_at, attempts = ID_AT.unpack_from(self.payload, 1 + n)
-        return channel, msg_id, deliver_at, attempts
+        channel, pos = self._channel()
+        return (channel, *ID_AT.unpack_from(self.payload, pos))
+
+    def channel(self) -> str:
+        return self._channel()[0]
+
+    def move(self) -> tuple[int, int, list[tuple[str, int, int]], bytes]:
+        """(id, timestamp, [(channel, attempts, deliver_at)], body)."""
+        msg_id, ts, count = MOVE_HEAD.unpack_from(self.payload)
+        pos, copies = MOVE_HEAD.size, []
+        for _ in range(count):
+            channel, pos = self._channel(pos)
+            attempts, deliver_at = COPY_AT.unpack_from(self.payload, pos)
+            pos += COPY_AT.size
+            copies.append((channel, attempts, deliver_at))
+        return msg_id, ts, copies, bytes(self.payload[pos:])
+
+    def channel_op(self) -> tuple[int, str]:
+        return self.payload[0], self._channel(1)[0]
+
+    def state(self) -> tuple[bool, dict[str, bool]]:
+        paused = bool(self.payload[0])
+        channels: dict[str, bool] = {}
+        pos = 1
+        while pos < len(self.payload):
+            channel_paused = bool(self.payload[pos])
+            name, pos = self._channel(pos + 1)
+            channels[name] = channel_paused
+        return paused, channels
 
 
 def scan(data: bytes, where: str) -> Iterator[Record]:

@@ -1,23 +1,28 @@
 """A topic's log on disk: numbered segment files that roll at ``max_bytes_per_file``.
 
-Appends go to the newest segment; bodies are read back with ``pread``. Each
-segment counts the message copies still pending in it (``hold``/``release``);
-segments are deleted oldest first once nothing in them or before them is
-pending, so a FIN record never outlives the message it finished.
+Appends go to the newest segment; each segment opens with a ``STATE`` record
+(the topic's channels as the log stood), so a segment needs nothing older to
+be understood. Bodies are read back with ``pread``. Each segment counts the
+message copies still pending in it (``hold``/``release``); segments are deleted
+oldest first once nothing in them or before them is pending, so a FIN record
+never outlives the message it finished.
+
+An append that fails (ENOSPC, EIO, a short write) is cut back off the file,
+so the file ends where the last whole append ended; the caller gets the error.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 from pathlib import Path
+from typing import Callable
 
-from . import records
+from . import fileops, records
 
 log = logging.getLogger("pynsqd")
 
-# A pending message on disk only: (segment << OFFSET_BITS) | offset of its record.
+# A pending message on disk: (segment << OFFSET_BITS) | offset of its record.
 OFFSET_BITS = 40
 # A drained topic rolls its current file once it is this big, so the file can be deleted.
 ROLL_WHEN_DRAINED = 1 << 20
@@ -29,58 +34,107 @@ def location(seg: int, offset: int) -> int:
     return (seg << OFFSET_BITS) | offset
 
 
+def segment_of(loc: int) -> int:
+    return loc >> OFFSET_BITS
+
+
 def split(loc: int) -> tuple[int, int]:
     return loc >> OFFSET_BITS, loc & ((1 << OFFSET_BITS) - 1)
 
 
 class TopicLog:
-    def __init__(self, directory: Path, max_bytes: int) -> None:
+    def __init__(self, directory: Path, max_bytes: int, files: fileops.Files,
+                 state: Callable[[], bytes]) -> None:
         self.dir = directory
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.files = files
         self.max_bytes = max(max_bytes, 1024)
+        self.state = state                  # the STATE record a new segment opens with
         self.refs: dict[int, int] = {}
+        self.sizes: dict[int, int] = {}     # bytes of each segment on disk
         self._readers: dict[int, int] = {}
         self._read_ahead: dict[int, tuple[int, int, bytes]] = {}
         self.current = 0
         self._fd = -1
         self._size = 0
         self.dirty = False
+        self.retired: list[int] = []        # rolled-over fds, to fsync and close off the loop
+        self.deleted: list[Path] = []       # reclaimed segments, to unlink off the loop
+        self.on_reclaim: Callable[[int], None] | None = None
 
     def segment_numbers(self) -> list[int]:
-        return sorted(int(p.stem) for p in self.dir.glob("*.log") if p.stem.isdigit())
+        return sorted(int(name[:-4]) for name in self.files.listdir(str(self.dir))
+                      if name.endswith(".log") and name[:-4].isdigit())
 
     def path(self, seg: int) -> Path:
         return self.dir / f"{seg:08d}.log"
 
     def start_appending(self) -> None:
         """Append to a new segment after every existing one (never to a possibly torn tail)."""
+        self.files.mkdir(str(self.dir))
         existing = self.segment_numbers()
         self._roll((existing[-1] if existing else 0) + 1)
 
     def _roll(self, seg: int) -> None:
+        fd = self.files.open(str(self.path(seg)), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        try:
+            self._write_all(fd, 0, self.state())
+        except OSError:
+            self.files.close(fd)
+            self.files.unlink(str(self.path(seg)))
+            raise
         if self._fd >= 0:
-            os.fsync(self._fd)
-            os.close(self._fd)
-        self.current = seg
-        self._fd = os.open(self.path(seg), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._size = os.fstat(self._fd).st_size
+            self.retired.append(self._fd)
+        self.current, self._fd = seg, fd
+        self._size = self.sizes[seg] = self.files.size(fd)
         self.refs.setdefault(seg, 0)
+        self.dirty = True
 
-    def append(self, data: bytes) -> tuple[int, int]:
-        """Write ``data`` (whole records); return (segment, offset) where it starts."""
+    def _write_all(self, fd: int, size: int, data: bytes) -> None:
+        """Write ``data`` at the end of ``fd`` (now ``size`` bytes long), or leave the
+        file as it was and raise."""
+        written = 0
+        try:
+            while written < len(data):
+                n = self.files.write(fd, memoryview(data)[written:])
+                if n <= 0:
+                    raise OSError(f"write returned {n}")
+                written += n
+        except OSError:
+            if written:
+                try:
+                    self.files.truncate(fd, size)
+                except OSError as err:
+                    log.error("%s: could not cut a failed write back off: %s (recovery "
+                              "will skip the torn record)", self.dir, err)
+            raise
+
+    def append(self, data: bytes) -> int:
+        """Write ``data`` (whole records) in one go; return the location where it starts."""
         if self._size and self._size + len(data) > self.max_bytes:
             self._roll(self.current + 1)
         offset = self._size
-        written = os.write(self._fd, data)
-        while written < len(data):  # a short write: finish it
-            written += os.write(self._fd, data[written:])
-        self._size += len(data)
+        try:
+            self._write_all(self._fd, offset, data)
+        finally:
+            self._size = self.sizes[self.current] = self.files.size(self._fd)
         self.dirty = True
-        return self.current, offset
+        return location(self.current, offset)
 
-    def sync(self) -> None:
-        if self._fd >= 0:
-            os.fsync(self._fd)
+    @property
+    def disk_bytes(self) -> int:
+        return sum(self.sizes.values())
+
+    def bytes_from(self, seg: int) -> int:
+        """Bytes of segment ``seg`` and every newer one: what a copy in ``seg`` pins."""
+        return sum(size for s, size in self.sizes.items() if s >= seg)
+
+    def take_sync_work(self) -> tuple[int, list[int], list[Path]]:
+        """(fd to fsync, retired fds to fsync and close, files to delete) for the
+        storage thread; what was handed over is no longer this log's business."""
+        work = (self._fd if self.dirty else -1, self.retired, self.deleted)
+        self.dirty = False
+        self.retired, self.deleted = [], []
+        return work
 
     def read_pub(self, loc: int) -> tuple[int, int, bytes]:
         """(id, publish ns, body) of the PUB record at ``loc``. Reads ahead: messages
@@ -91,11 +145,12 @@ class TopicLog:
         seg, offset = split(loc)
         fd = self._readers.get(seg)
         if fd is None:
-            fd = self._readers[seg] = os.open(self.path(seg), os.O_RDONLY)
-        block = os.pread(fd, READ_AHEAD, offset)
-        _, _, length, _ = records.HEADER.unpack_from(block)
-        if len(block) < records.HEADER_SIZE + length:
-            block = os.pread(fd, records.HEADER_SIZE + length, offset)
+            fd = self._readers[seg] = self.files.open(str(self.path(seg)), os.O_RDONLY)
+        block = self.files.pread(fd, READ_AHEAD, offset)
+        if len(block) >= records.HEADER_SIZE:
+            _, _, length, _ = records.HEADER.unpack_from(block)
+            if len(block) < records.HEADER_SIZE + length:
+                block = self.files.pread(fd, records.HEADER_SIZE + length, offset)
         self._read_ahead = records.pubs_in(block, location(seg, offset))
         found = self._read_ahead.pop(loc, None)
         if found is None:
@@ -113,32 +168,41 @@ class TopicLog:
             if (seg == self.current and self._size >= ROLL_WHEN_DRAINED
                     and all(n <= 0 for n in self.refs.values())):
                 # Everything is finished: start a new file so this one can go too.
-                self._roll(self.current + 1)
+                try:
+                    self._roll(self.current + 1)
+                except OSError as err:
+                    log.error("%s: could not start a new segment: %s", self.dir, err)
             self.reclaim()
 
     def reclaim(self) -> None:
-        """Delete the oldest segments that hold nothing pending."""
+        """Mark the oldest segments that hold nothing pending for deletion."""
         for seg in sorted(self.refs):
             if seg >= self.current or self.refs[seg] > 0:
                 return
             del self.refs[seg]
+            self.sizes.pop(seg, None)
             fd = self._readers.pop(seg, None)
             if fd is not None:
-                os.close(fd)
-            try:
-                self.path(seg).unlink()
-            except FileNotFoundError:
-                pass
+                self.files.close(fd)
+            if self.on_reclaim is not None:
+                self.on_reclaim(seg)
+            self.deleted.append(self.path(seg))
+
+    def abandon(self) -> None:
+        """Close every descriptor and write nothing more (what a killed process leaves)."""
+        for fd in [self._fd, *self.retired, *self._readers.values()]:
+            if fd >= 0:
+                self.files.close(fd)
+        self._fd = -1
+        self.retired, self._readers = [], {}
 
     def close(self) -> None:
+        """fsync and close everything; delete what was reclaimed."""
         if self._fd >= 0:
-            os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = -1
-        for fd in self._readers.values():
-            os.close(fd)
-        self._readers.clear()
-
-    def destroy(self) -> None:
-        self.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+            self.files.fsync(self._fd)
+        for fd in self.retired:
+            self.files.fsync(fd)
+        for path in self.deleted:
+            self.files.unlink(str(path))
+        self.deleted = []
+        self.abandon()

@@ -1,24 +1,28 @@
-"""Storage: makes the core's durable topics survive a restart, clean or not.
+"""Storage: what the core calls so that durable topics survive a restart.
 
-What is where under ``--data-path``:
+The core always has a ``Store``: ``MemoryStore`` (no ``--data-path``: nothing
+to write) or ``DiskStore``. What is where under ``--data-path``:
 
-- ``metadata.json``: topics, channels, paused state, written atomically on
-  every change;
-- ``topics/t-NAME/NNNNNNNN.log``: the topic's log — a PUB record per message
-  (written before the publish is acknowledged), and per-channel FIN, DEFER,
-  ATTEMPTS and EMPTY records;
+- ``topics/t-NAME/NNNNNNNN.log``: the topic's log (see ``records``): its
+  channels and paused state, a PUB per message (written before the publish
+  is acknowledged), and per-channel FIN, DEFER, ATTEMPTS and EMPTY records;
 - ``LOCK``: held by the running broker, so a second one is refused.
 
-Recovery replays each log: a message is pending in every channel that existed
-when it was published (the topic's channel *epoch*) until a FIN for that
-channel; pending messages are queued again, deferred ones keep their deliver-at
-time. ``#ephemeral`` topics and channels never reach the disk.
+Recovery replays each log in order: a message is pending in exactly the durable
+channels the log names when it went to the topic's channels (at its PUB, or
+at the FLUSH of the topic's hold), until a FIN, an EMPTY or the channel's
+deletion; deferred ones keep their deliver-at time and every message its
+``attempts``. ``#ephemeral`` topics and channels never reach the disk. A start
+reads everything before it writes anything, so a start that fails leaves the
+data path as it was.
 
-Durability of writes: records are written with ``os.write`` before the reply
-(a killed process loses nothing the kernel has); FIN/DEFER records are batched
-until the end of the event-loop pass; ``fsync`` runs off the event loop every
-``--sync-every`` messages or ``--sync-timeout``, which bounds what a power
-loss can take.
+Writes: a PUB is written with ``write(2)`` before the reply, together with
+every record queued before it (one ordered buffer per topic, so nothing is
+reordered); other records are written at the end of the event-loop pass. fsync,
+closing rolled files and deletes run in one storage thread, every
+``--sync-every`` messages or ``--sync-timeout``. A write that fails is cut
+back off the file and the publisher gets ``StorageFailed``; after a failed
+fsync every publish is refused until a sync succeeds.
 """
 
 from __future__ import annotations
@@ -28,13 +32,17 @@ import fcntl
 import logging
 import os
 import time
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Iterable
 
+from ..errors import QueueFull, StorageFailed
 from ..message import Message
 from ..options import Options
-from . import metadata, records
-from .segments import TopicLog, location, split
+from . import fileops, records
+from .segments import TopicLog, location, segment_of
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -43,25 +51,151 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pynsqd")
 
+# The oldest segment of a topic is copied out (its pending messages written anew)
+# when this few copies still hold it and newer segments exist, so one old
+# message (a long deferral, a stuck consumer) cannot keep every later file.
+RELOCATE_AT_MOST = 1024
+
 
 class DataPathLocked(RuntimeError):
     """Another broker holds the data path."""
 
 
-class Storage:
-    def __init__(self, broker: "Broker", options: Options) -> None:
+class Store:
+    """What the core tells storage. This base keeps nothing (memory only)."""
+
+    spill_limit: int | None = None     # ready messages kept in memory; None: all
+
+    def published(self, topic: "Topic", msgs: list[Message], defers: list[int],
+                  producer: bytes | None = None) -> None:
+        """Before ``msgs`` are queued; raises ``StorageFailed`` to refuse them."""
+
+    def load(self, topic: "Topic", loc: int) -> Message | None:
+        raise AssertionError("a memory-only broker has nothing on disk")
+
+    def delivered(self, channel: "Channel", msgs: Iterable[Message]) -> None: ...
+    def finished(self, channel: "Channel", msg: Message) -> None: ...
+    def deferred(self, channel: "Channel", msg: Message, delay: float) -> None: ...
+    def dropped(self, topic: "Topic", channel: "Channel | None", msgs: list[Message],
+                on_disk: list[int]) -> None:
+        """Queued messages dropped: in memory, and waiting on disk only."""
+
+    def held_flushed(self, topic: "Topic", msgs: list[Message], on_disk: list[int]) -> None:
+        """What the topic held went to each of its channels."""
+
+    def topic_created(self, topic: "Topic") -> None: ...
+    def topic_deleted(self, topic: "Topic") -> None: ...
+    def topic_changed(self, topic: "Topic") -> None: ...
+    def channel_created(self, channel: "Channel") -> None: ...
+    def channel_deleted(self, channel: "Channel") -> None: ...
+    def channel_changed(self, channel: "Channel") -> None: ...
+    def tick(self) -> None: ...
+    def close(self) -> None: ...
+
+    def disk_bytes(self, topic: "Topic") -> int:
+        """Bytes of the topic's files on disk."""
+        return 0
+
+    def pinned_bytes(self, channel: "Channel", oldest: int) -> int:
+        """Bytes on disk kept for ``channel``, whose oldest message is at ``oldest``."""
+        return 0
+
+
+class MemoryStore(Store):
+    """No ``--data-path``: nothing to write, and nowhere to spill. With
+    ``max_memory_bytes``, a publish that would queue more body bytes (each
+    channel's copy counted) is refused, as by a full queue."""
+
+    def __init__(self, max_memory_bytes: int = 0) -> None:
+        self.limit = max_memory_bytes
+        self.queued_bytes = 0
+
+    def published(self, topic: "Topic", msgs: list[Message], defers: list[int],
+                  producer: bytes | None = None) -> None:
+        if not self.limit:
+            return
+        copies = 1 if topic.holds else len(topic.channels)
+        incoming = sum(len(m.body) for m in msgs) * copies
+        if self.queued_bytes + incoming > self.limit:
+            raise QueueFull(f"PUB to {topic.name} refused: the broker holds "
+                            f"{self.queued_bytes} bytes of queued messages, and "
+                            f"{incoming} more would pass max-memory-bytes ({self.limit}); "
+                            f"retry once consumers catch up")
+        self.queued_bytes += incoming
+
+    def finished(self, channel: "Channel", msg: Message) -> None:
+        if self.limit:
+            self.queued_bytes -= len(msg.body)
+
+    def dropped(self, topic: "Topic", channel: "Channel | None", msgs: list[Message],
+                on_disk: list[int]) -> None:
+        if self.limit:
+            self.queued_bytes -= sum(len(m.body) for m in msgs)
+
+    def held_flushed(self, topic: "Topic", msgs: list[Message], on_disk: list[int]) -> None:
+        if self.limit:
+            self.queued_bytes += sum(len(m.body) for m in msgs) * (len(topic.channels) - 1)
+
+
+@dataclass
+class _Batch:
+    """FINs or delivery counts of one channel, gathered into one record."""
+    kind: int
+    channel: str
+    entries: list = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        if self.kind == records.FIN:
+            return b"".join(records.fins(self.channel, self.entries))
+        # Messages delivered (still held: a FINed one has no location any more).
+        return b"".join(records.attempts(self.channel, [(int(m.id, 16), m.attempts)
+                                                        for m in self.entries if m.loc]))
+
+
+@dataclass
+class _Change:
+    """A record that changes the topic's channels or paused state; ``apply``
+    updates what the log says once the record is written."""
+    data: bytes
+    apply: Callable[["_Logged"], None]
+
+
+@dataclass
+class _Logged:
+    """The topic's state as its log says it (what a new segment's STATE records)."""
+    paused: bool = False
+    channels: dict[str, bool] = field(default_factory=dict)
+
+    def record(self) -> bytes:
+        return records.state(self.paused, self.channels)
+
+
+Queued = bytes | _Batch | _Change
+
+
+class DiskStore(Store):
+    def __init__(self, broker: "Broker", options: Options,
+                 files: fileops.Files | None = None) -> None:
         self.broker = broker
         self.options = options
+        self.files = files or fileops.current
+        self.spill_limit = options.mem_queue_size
         self.path = Path(options.data_path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.files.mkdir(str(self.path))
         self._lock_fd = self._lock()
         self.logs: dict[str, TopicLog] = {}
-        self._pending_records: dict[str, list[bytes]] = {}
-        self._fins: dict[tuple[str, str], list[int]] = {}  # (topic, channel) -> ids
+        self._logged: dict[str, _Logged] = {}
+        self._queued: dict[str, list[Queued]] = {}
+        self._dedupe: dict[str, dict[int, list[bytes]]] = {}
         self._unsynced = 0
         self._last_sync = time.monotonic()
-        self._syncing: asyncio.Future | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="pynsq-storage")
+        self._sync: Future | None = None
+        self._new_dirs: list[str] = []
+        self._flush_scheduled = False
         self._restoring = False
+        self._write_failed = False
+        self.failed: str | None = None      # why publishes are refused (a failed fsync)
 
     # -- the lock ---------------------------------------------------------
     def _lock(self) -> int:
@@ -79,237 +213,525 @@ class Storage:
         # A prefix keeps names such as "." and ".." from being paths.
         return self.path / "topics" / f"t-{name}"
 
-    def _log(self, topic: "Topic") -> TopicLog:
-        topic_log = self.logs.get(topic.name)
-        if topic_log is None:
-            topic_log = self.logs[topic.name] = TopicLog(self._dir(topic.name),
-                                                         self.options.max_bytes_per_file)
-            topic_log.start_appending()
+    def _new_log(self, name: str) -> TopicLog:
+        logged = self._logged.setdefault(name, _Logged())
+        topic_log = TopicLog(self._dir(name), self.options.max_bytes_per_file, self.files,
+                             logged.record)
+        topic_log.on_reclaim = lambda seg: self._segment_reclaimed(name, seg)
         return topic_log
 
-    @staticmethod
-    def _durable_channels(topic: "Topic") -> list["Channel"]:
-        return [c for c in topic.channels.values() if not c.ephemeral]
+    def _durable(self, channel: "Channel") -> bool:
+        return not (channel.ephemeral or channel.topic.ephemeral)
 
-    # -- hooks from the core ----------------------------------------------
-    def published(self, topic: "Topic", msgs: list[Message], defers: list[int], *,
+    def _queue(self, topic: "Topic", item: Queued) -> None:
+        if topic.ephemeral or self._restoring:
+            return
+        self._queued.setdefault(topic.name, []).append(item)
+        self._flush_soon()
+
+    def _queue_batch(self, channel: "Channel", kind: int, entries: list) -> None:
+        if self._restoring:
+            return
+        queue = self._queued.setdefault(channel.topic.name, [])
+        last = queue[-1] if queue else None
+        if type(last) is _Batch and last.kind == kind and last.channel == channel.name:
+            last.entries += entries
+        else:
+            queue.append(_Batch(kind, channel.name, list(entries)))
+            self._flush_soon()
+
+    # -- what the core tells ----------------------------------------------
+    def published(self, topic: "Topic", msgs: list[Message], defers: list[int],
                   producer: bytes | None = None) -> None:
         if topic.ephemeral:
             return
-        topic_log = self._log(topic)
-        now_ns = time.time_ns()
-        parts = [records.pub(topic.epoch, int(m.id, 16), m.timestamp,
-                             now_ns + d * 1_000_000 if d else 0, m.body)
+        if self.failed:
+            raise StorageFailed(f"PUB to {topic.name} refused: the data path cannot be "
+                                f"synced ({self.failed}); retry later")
+        topic_log = self.logs[topic.name]
+        limit = self.options.max_disk_bytes
+        if limit:
+            used = sum(t.disk_bytes for t in self.logs.values())
+            incoming = sum(len(m.body) + records.HEADER_SIZE + records.PUB_HEAD.size
+                           for m in msgs)
+            if used + incoming > limit:
+                raise StorageFailed(f"PUB to {topic.name} refused: the data path holds {used} "
+                                    f"bytes, and {incoming} more would pass max-disk-bytes "
+                                    f"({limit}); retry once consumers catch up")
+        now_ns = self.broker.clock.wall_ns()
+        held = topic.holds
+        parts = [records.pub(int(m.id, 16), m.timestamp,
+                             now_ns + d * 1_000_000 if d else 0, held, m.body)
                  for m, d in zip(msgs, defers or [0] * len(msgs))]
-        seg, offset = topic_log.append(b"".join(parts))
+        if producer is not None:
+            parts.append(records.dedupe(producer))
+        queued, prefix = self._encode_queued(topic.name)
+        try:
+            loc = topic_log.append(prefix + b"".join(parts))
+        except OSError as err:
+            log.error("%s: a publish could not be written: %s", topic_log.dir, err)
+            raise StorageFailed(f"PUB to {topic.name} failed: the data path could not take "
+                                f"it ({err.strerror or err}); nothing was accepted") from None
+        self._written(topic.name, queued)
+        loc += len(prefix)
         for msg, part in zip(msgs, parts):
-            msg.loc = location(seg, offset)
-            offset += len(part)
-        held = topic.paused or not topic.channels
-        copies = 1 if held else len(self._durable_channels(topic))
-        topic_log.hold(seg, copies * len(msgs))
+            msg.loc = loc
+            loc += len(part)
+        seg = segment_of(loc)
+        topic_log.hold(seg, (1 if held else len(topic.channels)) * len(msgs))
+        if producer is not None:
+            self._dedupe.setdefault(topic.name, {}).setdefault(seg, []).append(producer)
         self._unsynced += len(msgs)
-
-    def held_flushed(self, topic: "Topic", msgs: list[Message]) -> None:
-        if topic.ephemeral:
-            return
-        topic_log = self._log(topic)
-        extra = len(self._durable_channels(topic)) - 1
-        for msg in msgs:
-            if msg.loc:
-                if extra >= 0:
-                    topic_log.hold(split(msg.loc)[0], extra)
-                else:
-                    topic_log.release(split(msg.loc)[0])
-
-    def finished(self, channel: "Channel", msg: Message) -> None:
-        if channel.ephemeral or channel.topic.ephemeral or not msg.loc:
-            return
-        if not self._fins and not self._pending_records:
-            self._flush_soon()
-        self._fins.setdefault((channel.topic.name, channel.name), []).append(int(msg.id, 16))
-        self._log(channel.topic).release(split(msg.loc)[0])
-
-    def deferred(self, channel: "Channel", msg: Message, delay: float) -> None:
-        if channel.ephemeral or channel.topic.ephemeral or not msg.loc:
-            return
-        self._record(channel.topic, records.channel_event(
-            records.DEFER, channel.name, int(msg.id, 16), time.time_ns() + int(delay * 1e9),
-            msg.attempts))
-
-    def dropped(self, topic: "Topic", channel: "Channel | None",
-                msgs: list["Message | int"]) -> None:
-        if topic.ephemeral or (channel is not None and channel.ephemeral):
-            return
-        self._record(topic, records.channel_event(records.EMPTY,
-                                                  channel.name if channel else ""))
-        topic_log = self._log(topic)
-        for item in msgs:
-            loc = item if type(item) is int else item.loc
-            if loc:
-                topic_log.release(split(loc)[0])
-
-    def topic_deleted(self, topic: "Topic") -> None:
-        self._pending_records.pop(topic.name, None)
-        self._fins = {k: v for k, v in self._fins.items() if k[0] != topic.name}
-        topic_log = self.logs.pop(topic.name, None)
-        if topic_log is not None:
-            topic_log.destroy()
-
-    def metadata_changed(self) -> None:
-        if self._restoring:
-            return
-        topics = []
-        for topic in self.broker.topics.values():
-            if topic.ephemeral:
-                continue
-            topics.append({"name": topic.name, "paused": topic.paused, "epoch": topic.epoch,
-                           "channels": [{"name": c.name, "paused": c.paused,
-                                         "created_epoch": c.created_epoch}
-                                        for c in self._durable_channels(topic)]})
-        metadata.write_atomically(self.path / "metadata.json", {"version": 1, "topics": topics})
 
     def load(self, topic: "Topic", loc: int) -> Message | None:
         """A message that waited on disk only, read back (None: damaged on disk since)."""
-        topic_log = self._log(topic)
+        topic_log = self.logs[topic.name]
         try:
             msg_id, ts, body = topic_log.read_pub(loc)
-        except records.DamagedRecord as err:
+        except (records.DamagedRecord, OSError) as err:
             log.error("%s: the message is lost", err)
-            topic_log.release(split(loc)[0])
+            topic_log.release(segment_of(loc))
             return None
         msg = Message(f"{msg_id:016x}", body, ts)
         msg.loc = loc
         return msg
 
-    def _record(self, topic: "Topic", data: bytes) -> None:
-        """Queue a FIN/DEFER/... record; all queued ones go out in one write per topic
-        at the end of this event-loop pass."""
-        if not self._pending_records and not self._fins:
-            self._flush_soon()
-        self._pending_records.setdefault(topic.name, []).append(data)
+    def delivered(self, channel: "Channel", msgs: list[Message]) -> None:
+        if self._durable(channel):
+            self._queue_batch(channel, records.ATTEMPTS, msgs)
+
+    def finished(self, channel: "Channel", msg: Message) -> None:
+        if not msg.loc:
+            return
+        if self._durable(channel):
+            self._queue_batch(channel, records.FIN, [int(msg.id, 16)])
+        self.logs[channel.topic.name].release(segment_of(msg.loc))
+        msg.loc = 0
+
+    def deferred(self, channel: "Channel", msg: Message, delay: float) -> None:
+        if msg.loc and self._durable(channel):
+            at = self.broker.clock.wall_ns() + int(delay * 1e9)
+            self._queue(channel.topic, records.defer(channel.name, int(msg.id, 16), at,
+                                                     msg.attempts))
+
+    def dropped(self, topic: "Topic", channel: "Channel | None", msgs: list[Message],
+                on_disk: list[int]) -> None:
+        if topic.ephemeral:
+            return
+        if channel is None or not channel.ephemeral:
+            self._queue(topic, records.empty(channel.name if channel else ""))
+        topic_log = self.logs.get(topic.name)
+        if topic_log is not None:
+            for loc in [*(m.loc for m in msgs if m.loc), *on_disk]:
+                topic_log.release(segment_of(loc))
+
+    def held_flushed(self, topic: "Topic", msgs: list[Message], on_disk: list[int]) -> None:
+        if topic.ephemeral:
+            return
+        self._queue(topic, records.flush())
+        extra = len(topic.channels) - 1
+        topic_log = self.logs[topic.name]
+        for loc in [*(m.loc for m in msgs if m.loc), *on_disk]:
+            topic_log.hold(segment_of(loc), extra)
+
+    def disk_bytes(self, topic: "Topic") -> int:
+        topic_log = self.logs.get(topic.name)
+        return topic_log.disk_bytes if topic_log is not None else 0
+
+    def pinned_bytes(self, channel: "Channel", oldest: int) -> int:
+        topic_log = self.logs.get(channel.topic.name)
+        return topic_log.bytes_from(segment_of(oldest)) if topic_log and oldest else 0
+
+    def topic_created(self, topic: "Topic") -> None:
+        if topic.ephemeral or self._restoring:
+            return
+        topic_log = self._new_log(topic.name)
+        try:
+            topic_log.start_appending()
+        except OSError as err:
+            self._logged.pop(topic.name, None)
+            raise StorageFailed(f"topic {topic.name} could not be created on the data path: "
+                                f"{err.strerror or err}") from None
+        self.logs[topic.name] = topic_log
+        self._new_dirs.append(str(topic_log.dir.parent))
+
+    def topic_deleted(self, topic: "Topic") -> None:
+        self._queued.pop(topic.name, None)
+        self._logged.pop(topic.name, None)
+        self._dedupe.pop(topic.name, None)
+        topic_log = self.logs.pop(topic.name, None)
+        if topic_log is None:
+            return
+        # A rename is atomic: the topic is gone from the next start even if the
+        # deletion of its files (in the storage thread) never ends.
+        trash = self.path / "topics" / f"trash-{time.time_ns()}"
+        try:
+            self.files.rename(str(topic_log.dir), str(trash))
+        except OSError as err:
+            log.error("%s: could not remove the deleted topic's files: %s", topic_log.dir, err)
+            trash = None
+        fds = [topic_log._fd, *topic_log.retired, *topic_log._readers.values()]
+        self._executor.submit(_close_and_remove, self.files, fds, trash)
+
+    def topic_changed(self, topic: "Topic") -> None:
+        paused = topic.paused
+
+        def apply(logged: _Logged) -> None:
+            logged.paused = paused
+
+        self._queue(topic, _Change(records.topic_op(records.PAUSE if paused
+                                                    else records.UNPAUSE), apply))
+
+    def channel_created(self, channel: "Channel") -> None:
+        if self._durable(channel):
+            name = channel.name
+            self._queue(channel.topic, _Change(records.channel_op(records.CREATE, name),
+                                               lambda logged: logged.channels.setdefault(
+                                                   name, False)))
+
+    def channel_deleted(self, channel: "Channel") -> None:
+        if self._durable(channel):
+            name = channel.name
+            self._queue(channel.topic, _Change(records.channel_op(records.DELETE, name),
+                                               lambda logged: logged.channels.pop(name, None)))
+
+    def channel_changed(self, channel: "Channel") -> None:
+        if self._durable(channel):
+            name, paused = channel.name, channel.paused
+
+            def apply(logged: _Logged) -> None:
+                if name in logged.channels:
+                    logged.channels[name] = paused
+
+            op = records.PAUSE if paused else records.UNPAUSE
+            self._queue(channel.topic, _Change(records.channel_op(op, name), apply))
+
+    # -- writing what is queued -------------------------------------------
+    def _encode_queued(self, name: str) -> tuple[list[Queued], bytes]:
+        queued = self._queued.get(name) or []
+        parts = []
+        for item in queued:
+            if type(item) is bytes:
+                parts.append(item)
+            elif type(item) is _Batch:
+                parts.append(item.encode())
+            else:
+                parts.append(item.data)
+        return queued, b"".join(parts)
+
+    def _written(self, name: str, queued: list[Queued]) -> None:
+        logged = self._logged.get(name)
+        for item in queued:
+            if type(item) is _Change and logged is not None:
+                item.apply(logged)
+        if queued:
+            self._queued[name] = []
 
     def _flush_soon(self) -> None:
-        if self._restoring:
+        if self._flush_scheduled or self._restoring:
             return
         try:
             asyncio.get_running_loop().call_soon(self.flush)
-        except RuntimeError:  # no loop (shutting down): close() flushes
-            pass
+        except RuntimeError:  # no loop (tests of the core, shutting down): tick/close flush
+            return
+        self._flush_scheduled = True
+
+    def flush(self) -> None:
+        """Write every queued record, one append per topic."""
+        self._flush_scheduled = False
+        for name in list(self._queued):
+            queued, data = self._encode_queued(name)
+            topic_log = self.logs.get(name)
+            if not data or topic_log is None:
+                continue
+            try:
+                topic_log.append(data)
+            except OSError as err:
+                if not self._write_failed:
+                    log.error("%s: could not write FIN/REQ records: %s (kept; retried)",
+                              topic_log.dir, err)
+                self._write_failed = True
+                continue
+            self._write_failed = False
+            self._written(name, queued)
+
+    def _segment_reclaimed(self, name: str, seg: int) -> None:
+        """A segment is about to go: keep its live de-duplication entries."""
+        for payload in self._dedupe.get(name, {}).pop(seg, []):
+            if self.broker.dedupe.is_live(payload):
+                self._queued.setdefault(name, []).append(records.dedupe(payload))
+                current = self.logs[name].current if name in self.logs else seg
+                self._dedupe[name].setdefault(current, []).append(payload)
+
+    def _relocate_stragglers(self) -> None:
+        for name, topic_log in list(self.logs.items()):
+            refs = topic_log.refs
+            if len(refs) < 3:
+                continue
+            head = min(refs)
+            if head < topic_log.current and 0 < refs[head] <= RELOCATE_AT_MOST:
+                topic = self.broker.topics.get(name)
+                if topic is not None:
+                    self._relocate(topic, topic_log, head)
+
+    def _relocate(self, topic: "Topic", topic_log: TopicLog, seg: int) -> None:
+        """Copy the messages still pending in ``seg`` to the end of the log (MOVE
+        records naming where each copy is pending), so that ``seg`` can go."""
+        now_ns, now = self.broker.clock.wall_ns(), self.broker.clock.monotonic()
+        by_loc: dict[int, list[tuple[str, int, int]]] = {}
+        count = 0
+        sources = [(None if c.ephemeral else c.name, c.copies())
+                   for c in topic.channels.values()]
+        sources.append(("", topic.copies()))
+        for name, copies in sources:
+            for loc, attempts, until in copies:
+                if segment_of(loc) != seg:
+                    continue
+                count += 1
+                entry = by_loc.setdefault(loc, [])
+                if name is not None:
+                    at = now_ns + int((until - now) * 1e9) if until > now else 0
+                    entry.append((name, attempts, at))
+        if count != topic_log.refs.get(seg):
+            log.warning("%s: segment %d: %d copies found, %s counted; not moved",
+                        topic_log.dir, seg, count, topic_log.refs.get(seg))
+            return
+        try:
+            parts = []
+            for loc, entry in by_loc.items():
+                msg_id, ts, body = topic_log.read_pub(loc)
+                parts.append(records.move(msg_id, ts, entry, body))
+            queued, prefix = self._encode_queued(topic.name)
+            start = topic_log.append(prefix + b"".join(parts))
+        except (OSError, records.DamagedRecord) as err:
+            log.error("%s: could not move what segment %d holds: %s", topic_log.dir, seg, err)
+            return
+        self._written(topic.name, queued)
+        moved, loc = {}, start + len(prefix)
+        for old, part in zip(by_loc, parts):
+            moved[old] = loc
+            loc += len(part)
+        for channel in topic.channels.values():
+            channel.relocate(moved)
+        topic.relocate(moved)
+        topic_log.hold(segment_of(start), count)
+        topic_log.release(seg, count)
 
     # -- time -------------------------------------------------------------
     def tick(self) -> None:
-        """Write batched records; start an fsync when one is due."""
+        """Write queued records; start an fsync when one is due."""
         self.flush()
+        self._relocate_stragglers()
+        self._check_sync()
         now = time.monotonic()
-        due = (self._unsynced >= max(1, self.options.sync_every)
+        due = (self.failed is not None or self._unsynced >= max(1, self.options.sync_every)
                or now - self._last_sync >= self.options.sync_timeout / 1000)
-        if due and self._syncing is None and any(t.dirty for t in self.logs.values()):
-            dirty = [t for t in self.logs.values() if t.dirty]
-            for t in dirty:
-                t.dirty = False
-            self._unsynced = 0
-            self._last_sync = now
-            loop = asyncio.get_running_loop()
-            self._syncing = loop.run_in_executor(None, _sync_all, dirty)
-            self._syncing.add_done_callback(self._synced)
+        if due and self._sync is None:
+            work = self._sync_work()
+            if any(work):
+                self._unsynced = 0
+                self._last_sync = now
+                self._sync = self._executor.submit(_sync_all, self.files, *work)
 
-    def _synced(self, future: asyncio.Future) -> None:
-        self._syncing = None
-        if future.exception() is not None:
-            log.error("fsync failed: %s", future.exception())
+    def _sync_work(self) -> tuple[list[int], list[int], list[Path], list[str]]:
+        fds, retired, deleted = [], [], []
+        for topic_log in self.logs.values():
+            fd, old, gone = topic_log.take_sync_work()
+            if fd >= 0:
+                fds.append(fd)
+            retired += old
+            deleted += gone
+        dirs, self._new_dirs = self._new_dirs, []
+        return fds, retired, deleted, dirs
 
-    def flush(self) -> None:
-        # FINs go first: a DEFER or EMPTY queued after them must not be undone by them.
-        fins, self._fins = self._fins, {}
-        for (topic, channel), ids in fins.items():
-            self._pending_records.setdefault(topic, []).insert(0, records.fins(channel, ids))
-        for name, parts in self._pending_records.items():
-            topic_log = self.logs.get(name)
-            if topic_log is not None and parts:
-                topic_log.append(b"".join(parts))
-        self._pending_records.clear()
+    def _check_sync(self) -> None:
+        future = self._sync
+        if future is None or not future.done():
+            return
+        self._sync = None
+        err = future.exception()
+        if err is not None:
+            if self.failed is None:
+                log.error("fsync of the data path failed: %s; publishes are refused until "
+                          "a sync succeeds", err)
+            self.failed = str(err)
+            for topic_log in self.logs.values():
+                topic_log.dirty = True
+        elif self.failed is not None:
+            log.warning("fsync of the data path succeeded again: publishes are accepted")
+            self.failed = None
+
+    def wait_synced(self) -> None:
+        """fsync everything written so far, now (tests, and close)."""
+        self.flush()
+        if self._sync is not None:
+            self._sync.exception()
+            self._check_sync()
+        work = self._sync_work()
+        self._sync = self._executor.submit(_sync_all, self.files, *work)
+        self._sync.exception()
+        self._check_sync()
 
     # -- start and stop ---------------------------------------------------
     def recover(self) -> None:
-        """Restore topics, channels and every pending message from the data path."""
+        """Restore topics, channels and every pending message from the data path.
+        Reads everything before it writes anything."""
         started = time.monotonic()
         self._restoring = True
         restored = 0
+        topics_dir = self.path / "topics"
+        names = sorted(self.files.listdir(str(topics_dir)))
         try:
-            for entry in metadata.read(self.path / "metadata.json")["topics"]:
-                topic = self.broker.get_or_create_topic(entry["name"])
-                for c in entry["channels"]:
-                    channel = topic.get_or_create_channel(c["name"])
-                    channel.created_epoch = c["created_epoch"]
-                    channel.paused = c["paused"]
-                topic.epoch = entry["epoch"]
-                topic.paused = entry["paused"]
-                restored += self._replay(topic)
+            replays = [self._replay(d[2:]) for d in names if d.startswith("t-")]
+            for replay in replays:
+                restored += self._restore(replay)
         finally:
             self._restoring = False
-        self.metadata_changed()
+        opened: list[TopicLog] = []
+        try:
+            for replay in replays:
+                replay.log.start_appending()
+                opened.append(replay.log)
+        except OSError as err:
+            for topic_log in opened:
+                topic_log.abandon()
+                self.files.unlink(str(topic_log.path(topic_log.current)))
+            raise StorageFailed(f"data path {self.path}: could not start appending: "
+                                f"{err}") from None
+        for d in names:
+            if d.startswith("trash-"):
+                self._executor.submit(self.files.rmtree, str(topics_dir / d))
         log.info("data path %s: restored %d topic(s) and %d pending message(s) in %.2fs",
-                 self.path, len(self.broker.topics), restored, time.monotonic() - started)
+                 self.path, len(replays), restored, time.monotonic() - started)
 
-    def _replay(self, topic: "Topic") -> int:
-        directory = self._dir(topic.name)
-        topic_log = TopicLog(directory, self.options.max_bytes_per_file)
-        channels = {c.name: c for c in self._durable_channels(topic)}
-        pending: dict[str, dict[int, list[int]]] = {name: {} for name in channels}
-        held: dict[int, list[int]] = {}
-        max_id = 0
+    def _replay(self, name: str) -> "_Replay":
+        """Read a topic's log: what is pending where (no change to anything)."""
+        topic_log = self._new_log(name)
+        replay = _Replay(name, topic_log)
+        chans, paused = replay.channels, replay.paused
+        # id -> (location, attempts, deliver-at); one tuple shared by every channel
+        # until a record changes it for one of them.
+        held: dict[int, tuple[int, int, int]] = {}
         for seg in topic_log.segment_numbers():
-            data = topic_log.path(seg).read_bytes()
-            found = records.scan(data, str(topic_log.path(seg)))
-            for record in found:
-                if record.kind == records.PUB:
-                    epoch, msg_id, _, deliver_at = record.pub()
-                    max_id = max(max_id, msg_id)
-                    entry = [location(seg, record.offset), 0, deliver_at]
-                    targets = [n for n, c in channels.items() if c.created_epoch <= epoch]
-                    for name in targets:
-                        pending[name][msg_id] = list(entry)
-                    if not targets:
+            path = topic_log.path(seg)
+            data = self.files.read_file(str(path))
+            topic_log.sizes[seg] = len(data)
+            for record in records.scan(data, str(path)):
+                kind = record.kind
+                if kind == records.PUB:
+                    msg_id, _, deliver_at, flags = record.pub()
+                    replay.max_id = max(replay.max_id, msg_id)
+                    entry = (location(seg, record.offset), 0, deliver_at)
+                    if flags & records.HELD:
                         held[msg_id] = entry
-                    continue
-                if record.kind == records.FIN:
-                    name, ids = record.fins()
-                    finished = pending.get(name, {})
-                    for msg_id in ids:
-                        finished.pop(msg_id, None)
-                    continue
-                name, msg_id, deliver_at, attempts = record.channel_event()
-                if record.kind == records.EMPTY:
-                    (pending.get(name, {}) if name else held).clear()
-                elif record.kind in (records.DEFER, records.ATTEMPTS):
-                    entry = pending.get(name, {}).get(msg_id)
+                    else:
+                        for pending in chans.values():
+                            pending[msg_id] = entry
+                elif kind == records.FIN:
+                    channel, ids = record.fins()
+                    pending = chans.get(channel)
+                    if pending:
+                        for msg_id in ids:
+                            pending.pop(msg_id, None)
+                elif kind == records.ATTEMPTS:
+                    channel, entries = record.attempts()
+                    pending = chans.get(channel, {})
+                    for msg_id, attempts in entries:
+                        entry = pending.get(msg_id)
+                        if entry is not None:
+                            pending[msg_id] = (entry[0], attempts, entry[2])
+                elif kind == records.DEFER:
+                    channel, msg_id, deliver_at, attempts = record.defer()
+                    pending = chans.get(channel, {})
+                    entry = pending.get(msg_id)
                     if entry is not None:
-                        entry[1] = attempts
-                        if record.kind == records.DEFER:
-                            entry[2] = deliver_at
-        self.logs[topic.name] = topic_log
-        topic_log.start_appending()
-        if max_id:
-            self.broker.new_id.advance_past(f"{max_id:016x}")
-        for entries in [*pending.values(), held]:
-            for loc, _, _ in entries.values():
-                topic_log.hold(split(loc)[0])
-        now_ns = time.time_ns()
-        for name, entries in pending.items():
-            channels[name].restore(self._messages(topic, entries, now_ns))
-        topic.restore_held(self._messages(topic, held, now_ns))
-        topic_log.reclaim()
-        return sum(len(e) for e in pending.values()) + len(held)
+                        pending[msg_id] = (entry[0], attempts, deliver_at)
+                elif kind == records.FLUSH:
+                    for pending in chans.values():
+                        pending.update(held)
+                    held = {}
+                elif kind == records.EMPTY:
+                    channel = record.channel()
+                    if channel:
+                        chans.get(channel, {}).clear()
+                    else:
+                        held = {}
+                elif kind == records.CHANNEL:
+                    op, channel = record.channel_op()
+                    if op == records.CREATE:
+                        chans.setdefault(channel, {})
+                        paused.setdefault(channel, False)
+                    elif op == records.DELETE:
+                        chans.pop(channel, None)
+                        paused.pop(channel, None)
+                    elif channel in paused:
+                        paused[channel] = op == records.PAUSE
+                elif kind == records.TOPIC:
+                    replay.topic_paused = record.payload[0] == records.PAUSE
+                elif kind == records.STATE:
+                    replay.topic_paused, named = record.state()
+                    for channel in [c for c in chans if c not in named]:
+                        del chans[channel]
+                    for channel, channel_paused in named.items():
+                        chans.setdefault(channel, {})
+                    paused.clear()
+                    paused.update(named)
+                elif kind == records.MOVE:
+                    msg_id, _, copies, _ = record.move()
+                    loc = location(seg, record.offset)
+                    held.pop(msg_id, None)
+                    for pending in chans.values():
+                        pending.pop(msg_id, None)
+                    for channel, attempts, deliver_at in copies:
+                        pending = held if not channel else chans.get(channel)
+                        if pending is not None:
+                            pending[msg_id] = (loc, attempts, deliver_at)
+                elif kind == records.DEDUPE:
+                    replay.dedupe.append((seg, bytes(record.payload)))
+        replay.held = held
+        return replay
 
-    def _messages(self, topic: "Topic", entries: dict[int, list[int]], now_ns: int):
-        """(ready: Message or disk location, deferred: (Message, seconds left))."""
-        ready: list[Message | int] = []
+    def _restore(self, replay: "_Replay") -> int:
+        """Build the topic, its channels and their queues from a replay."""
+        name, topic_log = replay.name, replay.log
+        self.logs[name] = topic_log
+        logged = self._logged[name]
+        logged.paused = replay.topic_paused
+        logged.channels = {c: replay.paused.get(c, False) for c in replay.channels}
+        topic = self.broker.get_or_create_topic(name)
+        topic.paused = replay.topic_paused
+        for channel_name in replay.channels:
+            channel = topic.get_or_create_channel(channel_name)
+            channel.paused = logged.channels[channel_name]
+        if replay.max_id:
+            self.broker.new_id.advance_past(f"{replay.max_id:016x}")
+        held_per_segment = Counter(segment_of(entry[0]) for entries in
+                                   [*replay.channels.values(), replay.held]
+                                   for entry in entries.values())
+        for seg, count in held_per_segment.items():
+            topic_log.hold(seg, count)
+        now_ns = self.broker.clock.wall_ns()
+        for channel_name, entries in replay.channels.items():
+            topic.channels[channel_name].restore(*self._queues(topic, entries, now_ns))
+        topic.restore_held(*self._queues(topic, replay.held, now_ns))
+        for seg, payload in replay.dedupe:
+            self.broker.dedupe.restore(payload)
+            self._dedupe.setdefault(name, {}).setdefault(seg, []).append(payload)
+        topic_log.reclaim()
+        restored = sum(len(e) for e in replay.channels.values()) + len(replay.held)
+        replay.channels, replay.held = {}, {}  # let the replay go before the next topic's
+        return restored
+
+    def _queues(self, topic: "Topic", entries: dict[int, tuple[int, int, int]], now_ns: int
+                ) -> tuple[list[Message], list[int], list[tuple[Message, float]]]:
+        """(ready in memory, ready on disk only, deferred with seconds left)."""
+        ready: list[Message] = []
+        on_disk: list[int] = []
         deferred: list[tuple[Message, float]] = []
-        in_memory = self.options.mem_queue_size
+        limit = self.spill_limit
         for loc, attempts, deliver_at in entries.values():
-            if deliver_at <= now_ns and not attempts and len(ready) >= in_memory:
-                ready.append(loc)
+            if deliver_at <= now_ns and not attempts and (on_disk or len(ready) >= limit):
+                on_disk.append(loc)
                 continue
             msg = self.load(topic, loc)
             if msg is None:
@@ -319,33 +741,78 @@ class Storage:
                 deferred.append((msg, (deliver_at - now_ns) / 1e9))
             else:
                 ready.append(msg)
-        return ready, deferred
+        return ready, on_disk, deferred
+
+    def abandon(self) -> None:
+        """Let go of the data path writing nothing more: what ``kill -9`` leaves
+        (the kernel keeps what was written). For crash tests."""
+        self._executor.shutdown(wait=True)
+        for topic_log in self.logs.values():
+            topic_log.abandon()
+        self.logs.clear()
+        os.close(self._lock_fd)
 
     def close(self) -> None:
-        """Clean shutdown: attempts and deferral of everything pending, then fsync."""
-        now_ns, now = time.time_ns(), time.monotonic()
-        for topic in self.broker.topics.values():
-            if topic.ephemeral:
-                continue
-            for channel in self._durable_channels(topic):
-                ready, in_flight, deferred = channel.pending()
-                for msg in in_flight + [m for m in ready if type(m) is not int]:
-                    if msg.loc and msg.attempts:
-                        self._record(topic, records.channel_event(
-                            records.ATTEMPTS, channel.name, int(msg.id, 16), 0, msg.attempts))
-                for msg in deferred:
-                    if msg.loc:
-                        self._record(topic, records.channel_event(
-                            records.DEFER, channel.name, int(msg.id, 16),
-                            now_ns + int((msg.deadline - now) * 1e9), msg.attempts))
-        self.flush()
-        self.metadata_changed()
+        """Clean shutdown: write what is queued, fsync, close."""
+        try:
+            self.wait_synced()
+        except Exception as err:  # noqa: BLE001 - logged; closing goes on
+            log.error("data path %s: final fsync failed: %s", self.path, err)
+        self._executor.shutdown(wait=True)
         for topic_log in self.logs.values():
-            topic_log.close()
+            try:
+                topic_log.close()
+            except OSError as err:
+                log.error("%s: %s", topic_log.dir, err)
         self.logs.clear()
         os.close(self._lock_fd)
 
 
-def _sync_all(logs: list[TopicLog]) -> None:
-    for topic_log in logs:
-        topic_log.sync()
+@dataclass
+class _Replay:
+    name: str
+    log: TopicLog
+    topic_paused: bool = False
+    channels: dict[str, dict[int, tuple[int, int, int]]] = field(default_factory=dict)
+    paused: dict[str, bool] = field(default_factory=dict)
+    held: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    dedupe: list[tuple[int, bytes]] = field(default_factory=list)
+    max_id: int = 0
+
+
+def _sync_all(files: fileops.Files, fds: list[int], retired: list[int],
+              deleted: list[Path], dirs: list[str]) -> None:
+    """fsync what was written, close rolled-over files, delete reclaimed ones; in
+    the storage thread. The first failure is raised after trying everything."""
+    failure: OSError | None = None
+    for fd in fds:
+        try:
+            files.fsync(fd)
+        except OSError as err:
+            failure = failure or err
+    for fd in retired:
+        try:
+            files.fsync(fd)
+        except OSError as err:
+            failure = failure or err
+        files.close(fd)
+    for path in dirs:
+        try:
+            files.fsync_dir(path)
+        except OSError as err:
+            failure = failure or err
+    for path in deleted:
+        files.unlink(str(path))
+    if failure is not None:
+        raise failure
+
+
+def _close_and_remove(files: fileops.Files, fds: list[int], trash: Path | None) -> None:
+    for fd in fds:
+        if fd >= 0:
+            try:
+                files.close(fd)
+            except OSError:
+                pass
+    if trash is not None:
+        files.rmtree(str(trash))

@@ -1,0 +1,407 @@
+"""A model-based crash test of durable storage.
+
+Hypothesis drives a durable broker (the core on a manual clock, its data path
+in a temporary directory, ``--mem-queue-size`` 3 and 1 KB segments so that
+messages spill and files roll and go) through random sequences of topic and
+channel create/delete (durable and ``#ephemeral``), PUB/MPUB/DPUB, deliveries
+under RDY, FIN, REQ with and without delay, TOUCH, timeouts, EMPTY,
+pause/unpause, and restarts: clean (``close``) and crash (the store is
+abandoned with no flush, fsync or close; only what ``write(2)`` put in the files
+is there for the next start). A plain in-memory model is the oracle: after
+every step, each channel's and topic's pending messages (ids, attempts,
+deferral times) are exactly the model's; after a restart every acknowledged,
+un-FINed message of each durable channel is pending again, and nothing FINed
+or sent before a channel existed comes back.
+
+``PYNSQ_MODEL_EXAMPLES`` sets how many sequences to try (default: a quick run).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
+                                 rule)
+
+from broker import Broker, Options
+from broker.backlog import OnDisk
+from broker.clock import ManualClock
+from broker.storage import DiskStore
+
+from .corekit import Recorder
+
+EXAMPLES = int(os.environ.get("PYNSQ_MODEL_EXAMPLES", "60"))
+TOPICS = ["a", "b", "e#ephemeral"]
+CHANNELS = ["x", "y", "z#ephemeral"]
+MSG_TIMEOUT = 60.0
+
+
+@dataclass
+class Pending:
+    body: bytes
+    attempts: int = 0
+    until: float | None = None        # deferred until (monotonic), else ready
+    in_flight: bool = False
+    deadline: float = 0.0
+
+
+@dataclass
+class ChannelModel:
+    ephemeral: bool
+    paused: bool = False
+    pending: dict[str, Pending] = field(default_factory=dict)
+
+
+@dataclass
+class TopicModel:
+    ephemeral: bool
+    paused: bool = False
+    channels: dict[str, ChannelModel] = field(default_factory=dict)
+    held: dict[str, Pending] = field(default_factory=dict)
+
+
+def durable(name: str) -> bool:
+    return not name.endswith("#ephemeral")
+
+
+class StorageModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self._tmp = tempfile.TemporaryDirectory(prefix="pynsq-model-")
+        self.clock = ManualClock()
+        self.model: dict[str, TopicModel] = {}
+        self.counter = 0
+        self.fins = 0
+        self.start()
+
+    # -- the broker ---------------------------------------------------------
+    def start(self) -> None:
+        options = Options(data_path=self._tmp.name, mem_queue_size=3, max_bytes_per_file=1024)
+        self.broker = Broker(options, clock=self.clock)
+        self.store = DiskStore(self.broker, options)
+        self.broker.storage = self.store
+        self.store.recover()
+        self.consumers: dict[tuple[str, str], Recorder] = {}
+        self.seen: dict[tuple[str, str], int] = {}
+
+    def end_of_pass(self) -> None:
+        """What the event loop does after each request: write queued records."""
+        self.store.flush()
+        self.observe_deliveries()
+
+    def teardown(self) -> None:
+        self.store.abandon()
+        self._tmp.cleanup()
+
+    # -- model helpers --------------------------------------------------------
+    def topic_model(self, topic: str) -> TopicModel:
+        t = self.model.get(topic)
+        if t is None:
+            t = self.model[topic] = TopicModel(ephemeral=not durable(topic))
+        return t
+
+    def channel_model(self, topic: str, channel: str) -> ChannelModel:
+        t = self.topic_model(topic)
+        c = t.channels.get(channel)
+        if c is None:
+            c = t.channels[channel] = ChannelModel(ephemeral=not durable(channel))
+            self.flush_model(t)
+        return c
+
+    def flush_model(self, t: TopicModel) -> None:
+        if t.paused or not t.channels or not t.held:
+            return
+        now = self.clock.monotonic()
+        for c in t.channels.values():
+            for msg_id, p in t.held.items():
+                until = p.until if p.until is not None and p.until > now else None
+                c.pending[msg_id] = Pending(p.body, until=until)
+        t.held.clear()
+
+    def observe_deliveries(self) -> None:
+        """Check and record what the broker handed to consumers."""
+        for key, consumer in self.consumers.items():
+            new = consumer.received[self.seen[key]:]
+            self.seen[key] = len(consumer.received)
+            t = self.model[key[0]]
+            c = t.channels[key[1]]
+            for msg in new:
+                p = c.pending.get(msg.id)
+                assert p is not None, f"{msg.id} delivered on {key} but not pending there"
+                assert not p.in_flight and p.until is None, f"{msg.id} was not ready on {key}"
+                p.in_flight, p.deadline = True, self.clock.monotonic() + MSG_TIMEOUT
+                p.attempts = min(p.attempts + 1, 65535)
+                assert msg.attempts == p.attempts
+                assert msg.body == p.body
+            if new:  # RDY bounds what a consumer holds after being handed more
+                assert len(consumer.in_flight) <= consumer.rdy
+
+    # -- rules --------------------------------------------------------------
+    @initialize(count=st.integers(0, 12))
+    def a_topic_with_two_channels_and_a_backlog(self, count: int) -> None:
+        for channel in ("x", "y"):
+            self.create_channel("a", channel)
+            self.set_rdy_on(("a", channel), 2)
+        if count:
+            self.publish("a", count, 0)
+
+    @rule(topic=st.sampled_from(TOPICS))
+    def create_topic(self, topic: str) -> None:
+        self.broker.get_or_create_topic(topic)
+        self.topic_model(topic)
+        self.end_of_pass()
+
+    @rule(topic=st.sampled_from(TOPICS), channel=st.sampled_from(CHANNELS))
+    def create_channel(self, topic: str, channel: str) -> None:
+        self.broker.create_channel(topic, channel)
+        self.channel_model(topic, channel)
+        self.end_of_pass()
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def delete_channel(self, data) -> None:
+        pairs = [(t, c) for t, m in self.model.items() for c in m.channels]
+        if not pairs:
+            return
+        topic, channel = data.draw(st.sampled_from(sorted(pairs)))
+        self.broker.delete_channel(topic, channel)
+        self.consumers.pop((topic, channel), None)
+        del self.model[topic].channels[channel]
+        if self.model[topic].ephemeral and not self.model[topic].channels:
+            del self.model[topic]
+        self.end_of_pass()
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def delete_topic(self, data) -> None:
+        topic = data.draw(st.sampled_from(sorted(self.model)))
+        self.broker.delete_topic(topic)
+        for key in [k for k in self.consumers if k[0] == topic]:
+            del self.consumers[key]
+        del self.model[topic]
+        self.end_of_pass()
+
+    @rule(topic=st.sampled_from(TOPICS), count=st.integers(1, 6),
+          defer_s=st.sampled_from([0, 0, 0, 5, 90]))
+    def publish(self, topic: str, count: int, defer_s: int) -> None:
+        bodies = []
+        for _ in range(count):
+            self.counter += 1
+            bodies.append(f"m{self.counter}-".encode() * (4 + self.counter % 20))
+        ids = self.broker.multi_publish(topic, bodies, defer_ms=[defer_s * 1000] * count
+                                        if defer_s else ())
+        t = self.topic_model(topic)
+        until = self.clock.monotonic() + defer_s if defer_s else None
+        for msg_id, body in zip(ids, bodies):
+            if t.paused or not t.channels:
+                t.held[msg_id] = Pending(body, until=until)
+            else:
+                for c in t.channels.values():
+                    c.pending[msg_id] = Pending(body, until=until)
+        self.end_of_pass()
+
+    @precondition(lambda self: any(m.channels for m in self.model.values()))
+    @rule(data=st.data(), rdy=st.integers(0, 5))
+    def set_rdy(self, data, rdy: int) -> None:
+        pairs = sorted((t, c) for t, m in self.model.items() for c in m.channels)
+        self.set_rdy_on(data.draw(st.sampled_from(pairs)), rdy)
+
+    def set_rdy_on(self, key: tuple[str, str], rdy: int) -> None:
+        consumer = self.consumers.get(key)
+        if consumer is None:
+            consumer = Recorder(self.broker)
+            self.broker.subscribe(consumer, *key)
+            self.consumers[key] = consumer
+            self.seen[key] = 0
+        self.broker.channel(*key).set_rdy(consumer, rdy)
+        self.end_of_pass()
+
+    @precondition(lambda self: self.consumers)
+    @rule(data=st.data())
+    def consume(self, data) -> None:
+        """Take what is ready on one channel and FIN part of it."""
+        key = data.draw(st.sampled_from(sorted(self.consumers)))
+        consumer = self.consumers[key]
+        channel = self.broker.channel(*key)
+        channel.set_rdy(consumer, 5)
+        self.end_of_pass()
+        for msg_id in sorted(consumer.in_flight):
+            if data.draw(st.booleans()):
+                channel.finish(consumer, msg_id)
+                self.fins += 1
+                del self.model[key[0]].channels[key[1]].pending[msg_id]
+        self.end_of_pass()
+
+    def _held_message(self, data):
+        held = sorted((k, msg_id) for k, c in self.consumers.items() for msg_id in c.in_flight)
+        if not held:
+            return None, None
+        key, msg_id = data.draw(st.sampled_from(held))
+        return key, msg_id
+
+    @rule(data=st.data())
+    def fin(self, data) -> None:
+        key, msg_id = self._held_message(data)
+        if key is None:
+            return
+        self.broker.channel(*key).finish(self.consumers[key], msg_id)
+        del self.model[key[0]].channels[key[1]].pending[msg_id]
+        self.end_of_pass()
+
+    @rule(data=st.data(), delay=st.sampled_from([0, 0, 3, 200]))
+    def req(self, data, delay: int) -> None:
+        key, msg_id = self._held_message(data)
+        if key is None:
+            return
+        self.broker.channel(*key).requeue(self.consumers[key], msg_id, delay)
+        p = self.model[key[0]].channels[key[1]].pending[msg_id]
+        p.in_flight = False
+        p.until = self.clock.monotonic() + delay if delay else None
+        self.end_of_pass()
+
+    @rule(data=st.data())
+    def touch(self, data) -> None:
+        key, msg_id = self._held_message(data)
+        if key is None:
+            return
+        self.broker.channel(*key).touch(self.consumers[key], msg_id)
+        self.model[key[0]].channels[key[1]].pending[msg_id].deadline = \
+            self.clock.monotonic() + MSG_TIMEOUT
+        self.end_of_pass()
+
+    @rule(seconds=st.sampled_from([1, 4, 30, 61, 100]))
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        now = self.clock.monotonic()
+        for t in self.model.values():
+            for p in t.held.values():
+                if p.until is not None and p.until <= now:
+                    p.until = None
+            for c in t.channels.values():
+                for p in c.pending.values():
+                    if p.in_flight and p.deadline <= now:
+                        p.in_flight = False
+                    if p.until is not None and p.until <= now:
+                        p.until = None
+        # The broker's consumers lose their timed-out messages at the tick.
+        self.broker.tick()
+        self.store.tick()
+        self.end_of_pass()
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def empty(self, data) -> None:
+        topic = data.draw(st.sampled_from(sorted(self.model)))
+        t = self.model[topic]
+        channel = data.draw(st.sampled_from([None, *sorted(t.channels)]))
+        if channel is None:
+            self.broker.topic(topic).empty()
+            t.held.clear()
+        else:
+            self.broker.channel(topic, channel).empty()
+            t.channels[channel].pending.clear()
+        self.end_of_pass()
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data(), paused=st.booleans())
+    def pause(self, data, paused: bool) -> None:
+        topic = data.draw(st.sampled_from(sorted(self.model)))
+        t = self.model[topic]
+        channel = data.draw(st.sampled_from([None, *sorted(t.channels)]))
+        target = self.broker.topic(topic) if channel is None else \
+            self.broker.channel(topic, channel)
+        target.pause() if paused else target.unpause()
+        if channel is None:
+            t.paused = paused
+            self.flush_model(t)
+        else:
+            t.channels[channel].paused = paused
+        self.end_of_pass()
+
+    @rule(crash=st.booleans())
+    def restart(self, crash: bool) -> None:
+        event(f"restart after {self.counter} published, {self.fins} FINs by consume")
+        if crash:
+            self.store.abandon()
+        else:
+            self.store.close()
+        self.start()
+        for name in [n for n, t in self.model.items() if t.ephemeral]:
+            del self.model[name]
+        for t in self.model.values():
+            for name in [n for n, c in t.channels.items() if c.ephemeral]:
+                del t.channels[name]
+            for c in t.channels.values():
+                for p in c.pending.values():
+                    p.in_flight = False
+        self.check_everything_pending()
+
+    # -- the oracle ---------------------------------------------------------
+    def pending_in_broker(self, backlog, deferred, in_flight, topic_name):
+        """id -> (attempts, deferred until or None, in flight) of what the broker holds."""
+        out: dict[str, tuple[int, float | None, bool]] = {}
+        store = self.store
+        for item in backlog._items:
+            if type(item) is OnDisk:
+                for loc in item.remaining():
+                    msg_id, _, _ = store.logs[topic_name].read_pub(loc)
+                    out[f"{msg_id:016x}"] = (0, None, False)
+            else:
+                out[item.id] = (item.attempts, None, False)
+        for msg in deferred:
+            out[msg.id] = (msg.attempts, msg.deadline, False)
+        for msg in in_flight:
+            out[msg.id] = (msg.attempts, None, True)
+        return out
+
+    @invariant()
+    def check_each_file_is_held_by_exactly_its_pending_copies(self) -> None:
+        from broker.storage.segments import segment_of
+        for name, topic_log in self.store.logs.items():
+            topic = self.broker.topics[name]
+            counted: dict[int, int] = {}
+            for source in [topic, *topic.channels.values()]:
+                for loc, _, _ in source.copies():
+                    counted[segment_of(loc)] = counted.get(segment_of(loc), 0) + 1
+            assert {s: n for s, n in topic_log.refs.items() if n} == counted, name
+
+    @invariant()
+    def check_everything_pending(self) -> None:
+        assert set(self.broker.topics) == set(self.model)
+        for name, t in self.model.items():
+            topic = self.broker.topics[name]
+            assert topic.paused == t.paused
+            assert set(topic.channels) == set(t.channels)
+            held = self.pending_in_broker(topic._held, [], [], name)
+            for m, until in topic._held_later:
+                held[m.id] = (m.attempts, until, False)
+            assert set(held) == set(t.held), f"held in {name}"
+            for msg_id, p in t.held.items():
+                if p.until is not None:
+                    assert held[msg_id][1] == pytest.approx(p.until, abs=1e-3)
+            for cname, c in t.channels.items():
+                channel = topic.channels[cname]
+                assert channel.paused == c.paused
+                got = self.pending_in_broker(channel._ready, channel._deferred.live(),
+                                             channel._in_flight.live(), name)
+                assert set(got) == set(c.pending), f"pending in {name}/{cname}"
+                for msg_id, p in c.pending.items():
+                    attempts, until, in_flight = got[msg_id]
+                    assert in_flight == p.in_flight, msg_id
+                    if not in_flight:
+                        assert attempts == p.attempts, (name, cname, msg_id)
+                    if p.until is None:
+                        assert until is None, msg_id
+                    else:
+                        assert until == pytest.approx(p.until, abs=1e-3), msg_id
+
+
+StorageModel.TestCase.settings = settings(
+    max_examples=EXAMPLES, stateful_step_count=50, deadline=None, database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+test_storage_survives_any_sequence_of_operations_and_restarts = StorageModel.TestCase

@@ -1,0 +1,334 @@
+"""Recovery, case by case, on the core with a manual clock and a real data path.
+
+``crash`` lets go of the data path as ``kill -9`` would (what ``write(2)``
+put in the files stays; nothing is flushed, fsynced or closed); ``clean`` is an
+orderly shutdown. Each test restarts and checks what each channel delivers.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from broker import Broker, Options
+from broker.clock import ManualClock
+from broker.storage import DiskStore, fileops, records
+
+from .corekit import Recorder, advance
+from .faultfs import FaultyFiles
+
+
+def start(path, clock: ManualClock, **options) -> Broker:
+    opts = Options(data_path=str(path), **options)
+    broker = Broker(opts, clock=clock)
+    broker.storage = DiskStore(broker, opts)
+    broker.storage.recover()
+    return broker
+
+
+def crash(broker: Broker) -> None:
+    broker.storage.flush()   # the end of the event-loop pass the request ran in
+    broker.storage.abandon()
+
+
+def clean(broker: Broker) -> None:
+    broker.storage.close()
+
+
+def drain(broker: Broker, topic: str, channel: str, fin: bool = True) -> dict[str, bytes]:
+    """Everything the channel delivers now, FINed unless told otherwise."""
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, topic, channel)
+    got: dict[str, bytes] = {}
+    while True:
+        ch.set_rdy(consumer, 1000)
+        new = [m for m in consumer.received if m.id not in got]
+        if not new:
+            break
+        got.update((m.id, m.body) for m in new)
+        if fin:
+            consumer.fin_all()
+    ch.remove_consumer(consumer)
+    return got
+
+
+RESTARTS = [crash, clean]
+
+
+@pytest.mark.parametrize("stop", RESTARTS)
+def test_a_channel_less_topic_past_mem_queue_size_restarts_with_every_message(tmp_path, stop):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, mem_queue_size=10)
+    ids = broker.multi_publish("events", [f"m{i}".encode() for i in range(100)])
+    broker.get_or_create_topic("audit")
+    stop(broker)
+    broker = start(tmp_path, clock, mem_queue_size=10)
+    assert set(broker.topics) == {"events", "audit"}
+    assert broker.topic("events")._held.in_memory == 10
+    assert list(drain(broker, "events", "work")) == ids
+
+
+@pytest.mark.parametrize("stop", RESTARTS)
+def test_messages_that_reached_no_durable_channel_do_not_come_back(tmp_path, stop):
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    broker.create_channel("events", "tmp#ephemeral")
+    broker.publish("events", b"only-ephemeral")
+    broker.delete_channel("events", "tmp#ephemeral")
+    broker.create_channel("events", "work")
+    kept = broker.publish("events", b"kept")
+    stop(broker)
+    broker = start(tmp_path, clock)
+    assert drain(broker, "events", "work") == {kept: b"kept"}
+    stop(broker)
+    broker = start(tmp_path, clock)
+    assert drain(broker, "events", "work") == {}  # FINed: never again
+
+
+@pytest.mark.parametrize("stop", RESTARTS)
+def test_a_deleted_channels_messages_do_not_reappear_in_a_new_channel_of_that_name(tmp_path,
+                                                                                  stop):
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    broker.create_channel("events", "work")
+    broker.publish("events", b"old")
+    broker.delete_channel("events", "work")
+    broker.create_channel("events", "work")
+    new = broker.publish("events", b"new")
+    stop(broker)
+    broker = start(tmp_path, clock)
+    assert drain(broker, "events", "work") == {new: b"new"}
+
+
+@pytest.mark.parametrize("stop", RESTARTS)
+def test_messages_held_during_a_pause_reach_a_channel_created_in_it(tmp_path, stop):
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    broker.create_channel("events", "first")
+    broker.topic("events").pause()
+    held = broker.publish("events", b"held")
+    broker.create_channel("events", "second")
+    broker.topic("events").unpause()
+    stop(broker)
+    broker = start(tmp_path, clock)
+    assert drain(broker, "events", "first") == {held: b"held"}
+    assert drain(broker, "events", "second") == {held: b"held"}
+
+
+def test_an_empty_then_a_publish_in_one_pass_keeps_the_publish(tmp_path):
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    broker.create_channel("events", "work")
+    broker.publish("events", b"emptied")
+    broker.channel("events", "work").empty()
+    kept = broker.publish("events", b"kept")  # same pass: the EMPTY is not written yet
+    crash(broker)
+    broker = start(tmp_path, clock)
+    assert drain(broker, "events", "work") == {kept: b"kept"}
+
+
+def test_an_ephemeral_channel_reads_its_spilled_messages_after_files_roll(tmp_path):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, mem_queue_size=5, max_bytes_per_file=1024)
+    broker.create_channel("events", "work")
+    broker.create_channel("events", "tmp#ephemeral")
+    bodies = [f"message-{i:03d}".encode() * 4 for i in range(200)]
+    for body in bodies:
+        broker.publish("events", body)
+    drain(broker, "events", "work")           # the durable channel lets go of every file
+    broker.storage.tick()
+    broker.storage.wait_synced()
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "tmp#ephemeral")
+    ch.set_rdy(consumer, 1000)
+    assert [m.body for m in consumer.received] == bodies
+
+
+@pytest.mark.parametrize("stop", RESTARTS)
+def test_attempts_keep_their_value_across_restarts(tmp_path, stop):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, mem_queue_size=2)
+    broker.create_channel("events", "work")
+    ids = broker.multi_publish("events", [b"a", b"b", b"c", b"d"])
+    for _ in range(3):  # each round: delivered, timed out and redelivered, requeued
+        consumer = Recorder(broker)
+        ch = broker.subscribe(consumer, "events", "work")
+        ch.set_rdy(consumer, 4)
+        advance(broker, clock, 61)
+        ch.remove_consumer(consumer)
+    assert {m.id: m.attempts for m in consumer.received[-4:]} == {i: 6 for i in ids}
+    stop(broker)
+    broker = start(tmp_path, clock, mem_queue_size=2)
+    consumer = Recorder(broker)
+    broker.subscribe(consumer, "events", "work").set_rdy(consumer, 10)
+    assert {m.id: m.attempts for m in consumer.received} == {i: 7 for i in ids}
+
+
+def test_attempts_stop_at_the_largest_value_the_wire_can_carry(tmp_path):
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    msg_id = broker.publish("events", b"x")
+    ch.set_rdy(consumer, 1)
+    consumer.in_flight[msg_id].attempts = 65534
+    for _ in range(3):
+        ch.requeue(consumer, msg_id)
+    assert consumer.in_flight[msg_id].attempts == 65535
+    crash(broker)
+    broker = start(tmp_path, clock)
+    consumer = Recorder(broker)
+    broker.subscribe(consumer, "events", "work").set_rdy(consumer, 1)
+    assert [m.attempts for m in consumer.received] == [65535]
+
+
+@pytest.mark.parametrize("stop", RESTARTS)
+def test_req_delays_and_dpub_defers_keep_their_time_across_restarts(tmp_path, stop):
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    first = broker.publish("events", b"requeued")
+    ch.set_rdy(consumer, 1)
+    ch.requeue(consumer, first, delay=30)
+    later = broker.publish("events", b"deferred", defer_ms=50_000)
+    advance(broker, clock, 10)
+    stop(broker)
+    broker = start(tmp_path, clock)
+    consumer = Recorder(broker)
+    broker.subscribe(consumer, "events", "work").set_rdy(consumer, 10)
+    advance(broker, clock, 19.9)
+    assert consumer.received == []
+    advance(broker, clock, 0.2)
+    assert consumer.ids == [first]
+    advance(broker, clock, 19.9)
+    assert consumer.ids == [first, later]
+
+
+def test_a_fin_of_more_ids_than_one_record_holds_is_kept(tmp_path):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, mem_queue_size=100_000)
+    broker.create_channel("events", "work")
+    count = records.MAX_IDS_PER_RECORD + 1000
+    broker.multi_publish("events", [b"x"] * count)
+    session = broker.open_lease_session()
+    lease, _ = broker.reserve(session.session_id, "events", "work", count)
+    assert broker.finish_leases([lease.lease_id]) == (count, [])
+    crash(broker)
+    broker = start(tmp_path, clock)
+    assert drain(broker, "events", "work") == {}
+
+
+def test_idle_channels_cost_the_tick_nothing(tmp_path):
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    for i in range(1000):
+        broker.create_channel("events", f"idle-{i}")
+    consumer = Recorder(broker)
+    broker.subscribe(consumer, "events", "busy").set_rdy(consumer, 1)
+    broker.publish("events", b"x")
+    assert [c.name for c in broker.timed_channels] == ["busy"]
+    advance(broker, clock, 61)  # timed out: redelivered to the same consumer
+    assert len(consumer.received) == 2 and consumer.received[-1].attempts == 2
+
+
+def test_an_ephemeral_channel_writes_nothing_to_the_topic_log(tmp_path):
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    broker.get_or_create_topic("events")
+    broker.storage.flush()
+    log_dir = tmp_path / "topics" / "t-events"
+    size = sum(p.stat().st_size for p in log_dir.glob("*.log"))
+    broker.create_channel("events", "tmp#ephemeral")
+    broker.channel("events", "tmp#ephemeral").pause()
+    broker.delete_channel("events", "tmp#ephemeral")
+    broker.storage.flush()
+    assert sum(p.stat().st_size for p in log_dir.glob("*.log")) == size
+
+
+def test_after_a_power_loss_everything_fsynced_is_back(tmp_path, monkeypatch):
+    files = FaultyFiles()
+    monkeypatch.setattr(fileops, "current", files)
+    clock = ManualClock()
+    broker = start(tmp_path, clock, sync_every=100)
+    broker.create_channel("events", "work")
+    synced = broker.multi_publish("events", [f"s{i}".encode() for i in range(100)])
+    broker.storage.tick()                      # 100 messages: an fsync is due
+    broker.storage.wait_synced()
+    unsynced = broker.multi_publish("events", [f"u{i}".encode() for i in range(50)])
+    broker.storage.abandon()
+    files.power_loss(tmp_path)                 # what was never fsynced is gone
+    broker = start(tmp_path, clock)
+    back = drain(broker, "events", "work")
+    assert set(synced) <= set(back) <= set(synced) | set(unsynced)
+
+
+def test_without_a_data_path_publishes_past_max_memory_bytes_are_refused_until_consumed():
+    from broker.errors import QueueFull
+
+    clock = ManualClock()
+    broker = Broker(Options(max_memory_bytes=1000), clock=clock)
+    broker.create_channel("events", "a")
+    broker.create_channel("events", "b")
+    ids = broker.multi_publish("events", [b"x" * 100] * 5)  # 2 copies: 1000 bytes
+    with pytest.raises(QueueFull, match="max-memory-bytes"):
+        broker.publish("events", b"y")
+    assert drain(broker, "events", "a") == {i: b"x" * 100 for i in ids}
+    broker.multi_publish("events", [b"z" * 100] * 2)        # room again: a's copies went
+    with pytest.raises(QueueFull):
+        broker.publish("events", b"y" * 100)                  # 900 + 200 > 1000
+    broker.channel("events", "b").empty()
+    broker.publish("events", b"y" * 100)
+
+
+def test_publishes_past_max_disk_bytes_fail_and_stats_show_bytes_on_disk(tmp_path):
+    from broker.errors import StorageFailed
+
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_disk_bytes=20_000, max_bytes_per_file=4096,
+                   mem_queue_size=10)
+    broker.create_channel("events", "work")
+    broker.create_channel("events", "paused")
+    broker.channel("events", "paused").pause()
+    ids = []
+    with pytest.raises(StorageFailed, match="max-disk-bytes"):
+        while True:
+            ids.append(broker.publish("events", b"m" * 200))
+    stats = broker.topic("events").stats()
+    channels = {c.name: c for c in stats.channels}
+    assert 15_000 < stats.disk_bytes <= 20_000
+    assert channels["work"].disk_bytes == channels["paused"].disk_bytes == stats.disk_bytes
+    assert channels["work"].on_disk_count == len(ids) - 10
+    drain(broker, "events", "work")
+    broker.storage.flush()
+    channels = {c.name: c for c in broker.topic("events").stats().channels}
+    assert channels["work"].disk_bytes == 0
+    assert channels["paused"].disk_bytes == broker.topic("events").stats().disk_bytes
+    broker.channel("events", "paused").empty()
+    broker.storage.flush()
+    broker.storage.wait_synced()
+    broker.publish("events", b"m" * 200)  # the files were reclaimed: room again
+
+
+@pytest.mark.parametrize("stop", RESTARTS)
+def test_one_old_deferred_message_does_not_keep_every_later_file(tmp_path, stop):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=2048, mem_queue_size=5)
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    old = broker.publish("events", b"old")
+    ch.set_rdy(consumer, 1)
+    ch.requeue(consumer, old, delay=3000)  # waits for 50 minutes
+    for i in range(300):
+        broker.publish("events", f"new-{i}".encode() * 5)
+        ch.set_rdy(consumer, 1000)
+        consumer.fin_all()
+    broker.storage.tick()
+    broker.storage.wait_synced()
+    log_dir = tmp_path / "topics" / "t-events"
+    assert len(list(log_dir.glob("*.log"))) <= 3
+    stop(broker)
+    broker = start(tmp_path, clock, max_bytes_per_file=2048)
+    deferred = broker.channel("events", "work")._deferred.live()
+    assert [(m.id, m.body, m.attempts) for m in deferred] == [(old, b"old", 1)]
+    assert deferred[0].deadline == pytest.approx(clock.monotonic() + 3000, abs=1e-3)
+    assert drain(broker, "events", "work") == {}
