@@ -81,7 +81,13 @@ def test_an_entry_survives_encoding_and_is_restored_only_while_live():
 def test_the_entry_of_a_request_is_handed_to_storage_with_its_messages():
     broker, _ = new_broker()
     seen: list[bytes | None] = []
-    broker.on_publish = lambda topic, msgs, defers, producer=None: seen.append(producer)
+    published = broker.storage.published
+
+    def spy(topic, msgs, defers, producer=None):
+        seen.append(producer)
+        return published(topic, msgs, defers, producer=producer)
+
+    broker.storage.published = spy
     ids = broker.multi_publish("t", [b"a", b"b"], producer_id="p", sequence=3)
     broker.multi_publish("t", [b"c"])
     entry = Entry.decode(seen[0])
