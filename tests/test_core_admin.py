@@ -112,6 +112,16 @@ def test_topic_without_channels_keeps_messages_for_its_first_channel():
     assert c.ids == ids
 
 
+def test_empty_topic_drops_what_it_holds_for_channels_created_later():
+    broker, _ = new_broker()
+    broker.multi_publish("events", [b"1", b"2"])
+    broker.topic("events").empty()
+    assert broker.topic("events").depth == 0
+    c = subscribe(broker, "events", "late")
+    new_id = broker.publish("events", b"3")
+    assert c.ids == [new_id]
+
+
 def test_empty_channel_drops_ready_deferred_and_in_flight_messages():
     broker, _ = new_broker()
     c = subscribe(broker, "events", "work", rdy=1)
@@ -174,6 +184,7 @@ def test_stats_report_end_to_end_latency_percentiles_from_publish_to_fin():
         clock.advance(0.001)  # the i-th message is FINed (i+1) ms after publish
         c.channel.finish(c, msg_id)
     [topic] = broker.stats("events")
+    assert topic.channels[0].finish_count == 100
     latency = dict(topic.channels[0].e2e_processing_latency)
     assert latency == pytest.approx({0.5: 51.0, 0.95: 96.0, 0.99: 100.0})
     assert dict(topic.e2e_processing_latency) == latency

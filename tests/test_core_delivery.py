@@ -89,14 +89,16 @@ def test_rdy_outside_zero_to_max_rdy_count_is_refused(count):
     assert c.rdy == 1
 
 
-def test_delivered_message_is_in_flight_until_fin():
-    broker, _ = new_broker()
-    c = subscribe(broker, "events", "work")
+def test_delivered_message_is_in_flight_until_fin_and_fin_removes_it_for_good():
+    broker, clock = new_broker()
+    c = subscribe(broker, "events", "work", msg_timeout_ms=1000)
     [msg_id] = publish_n(broker, "events", 1)
     ch = broker.channel("events", "work")
     assert (ch.depth, ch.in_flight_count, c.received[0].attempts) == (0, 1, 1)
     ch.finish(c, msg_id)
     assert (ch.depth, ch.in_flight_count, ch.finish_count) == (0, 0, 1)
+    advance(broker, clock, 5.0)  # long past its deadline: a FINished message never comes back
+    assert c.ids == [msg_id] and ch.timeout_count == 0
 
 
 def test_timed_out_message_is_redelivered_with_higher_attempts():
@@ -239,6 +241,24 @@ def test_deferred_publish_outside_max_req_timeout_is_refused(defer_ms):
     broker, _ = new_broker()
     with pytest.raises(InvalidRequest, match="DPUB defer .* out of range"):
         broker.publish("events", b"x", defer_ms=defer_ms)
+    assert "events" not in broker.topics
+
+
+def test_multi_publish_defers_each_message_by_its_own_delay():
+    broker, clock = new_broker()
+    c = subscribe(broker, "events", "work")
+    now, later = broker.multi_publish("events", [b"now", b"later"], defer_ms=[0, 2000])
+    assert c.ids == [now]
+    advance(broker, clock, 1.99)
+    assert c.ids == [now]
+    advance(broker, clock, 0.01)
+    assert c.ids == [now, later]
+
+
+def test_multi_publish_with_a_defer_count_other_than_the_message_count_is_refused():
+    broker, _ = new_broker()
+    with pytest.raises(InvalidRequest, match="1 defers for 2 messages"):
+        broker.multi_publish("events", [b"a", b"b"], defer_ms=[5])
     assert "events" not in broker.topics
 
 
