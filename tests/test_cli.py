@@ -38,6 +38,33 @@ def test_tail_prints_bodies_fins_them_and_stops_after_n(broker, client):
              message="two FINs")
 
 
+def test_each_tail_reads_its_own_ephemeral_channel_which_goes_away_after(broker, client):
+    client.admin("channel", "create", "events", "archive")
+    tails = [subprocess.Popen([bin_path("pynsq"), "--address", broker.address, "tail", "events",
+                               "-n", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    try:
+        def channels() -> list[str]:
+            return sorted(c.name for c in client.stats("events").topics[0].channels)
+
+        tail_channels = wait_for(lambda: [c for c in channels() if c != "archive"]
+                                 if len(channels()) == 3 else None, 30,
+                                 message="both tails subscribed")
+        assert all(c.endswith("#ephemeral") for c in tail_channels)
+        client.multi_publish("events", [b"one", b"two", b"three"])
+        outputs = [t.communicate(timeout=30) for t in tails]
+    finally:
+        for t in tails:
+            if t.poll() is None:
+                t.kill()
+                t.wait(30)
+    for (out, err), t in zip(outputs, tails):
+        assert t.returncode == 0, err
+        assert out.splitlines() == ["one", "two", "three"]
+    wait_for(lambda: channels() == ["archive"], 10, message="the tails' channels to go away")
+    assert client.stats("events").topics[0].channels[0].depth == 3
+
+
 def test_stats_shows_topics_and_channels(broker, client):
     client.admin("channel", "create", "events", "archive")
     client.publish("events", b"x")
