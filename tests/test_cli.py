@@ -65,13 +65,30 @@ def test_each_tail_reads_its_own_ephemeral_channel_which_goes_away_after(broker,
     assert client.stats("events").topics[0].channels[0].depth == 3
 
 
-def test_stats_shows_topics_and_channels(broker, client):
+def test_stats_shows_topics_channels_depths_counts_and_latency(broker, client):
     client.admin("channel", "create", "events", "archive")
-    client.publish("events", b"x")
-    result = pynsq(broker.address, "stats")
-    assert result.returncode == 0
-    assert "[events]" in result.stdout and "[archive]" in result.stdout
-    assert "depth: 1" in result.stdout
+    with client.subscribe("events", "work", rdy=1) as sub:
+        client.multi_publish("events", [b"x", b"y"])
+        for _ in range(2):
+            sub.fin(sub.get(10).id)
+        wait_for(lambda: client.stats("events", "work").topics[0].channels[0].finish_count == 2,
+                 10, message="two FINs")
+        result = pynsq(broker.address, "stats")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "[events] depth: 0 msgs: 2"
+    archive = next(line for line in lines if "[archive]" in line)
+    work = next(line for line in lines if "[work]" in line)
+    assert "depth: 2 in-flight: 0 deferred: 0 msgs: 2 fin: 0" in archive
+    assert "depth: 0 in-flight: 0 deferred: 0 msgs: 2 fin: 2 req: 0 timeout: 0 clients: 1 p50=" \
+        in work
+    assert "p95=" in work and "p99=" in work
+
+
+def test_the_default_address_is_the_local_grpc_port():
+    from broker.cli import build_parser
+
+    assert build_parser().parse_args(["stats"]).address == "127.0.0.1:4170"
 
 
 def test_topic_and_channel_admin(broker, client):

@@ -215,3 +215,12 @@ def test_cls_stops_delivery_and_is_answered_with_close_wait(client):
         got = collect([other], 3)
         assert sorted(m.id for _, m in got) == sorted(ids)
         assert sub.get(timeout=0.1) is None
+
+
+def test_nop_is_accepted_and_the_stream_goes_on(client):
+    with client.subscribe("events", "work", rdy=1) as sub:
+        sub.nop()
+        msg_id = client.publish("events", "after nop")
+        [(_, msg)] = collect([sub], 1)
+        assert sub.error(timeout=0.2) is None
+    assert msg.id == msg_id
