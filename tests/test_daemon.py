@@ -76,6 +76,12 @@ def test_a_signal_shuts_down_cleanly(daemons, sig):
     assert "shutting down" in d.output()
 
 
+def test_log_level_error_leaves_info_lines_out(daemons):
+    d = daemons("--log-level", "error").wait_ready()
+    assert d.stop(signal.SIGTERM) == 0
+    assert "shutting down" not in d.output()
+
+
 def test_a_port_in_use_is_a_clear_error(daemons):
     first = daemons().wait_ready()
     second = daemons(port=first.port)
