@@ -112,6 +112,26 @@ def test_topic_without_channels_keeps_messages_for_its_first_channel():
     assert c.ids == ids
 
 
+def test_a_topic_without_channels_paused_and_unpaused_keeps_its_messages_for_its_first_channel():
+    broker, _ = new_broker()
+    ids = broker.multi_publish("events", [b"1", b"2"])
+    topic = broker.topic("events")
+    topic.pause()
+    topic.unpause()
+    assert topic.depth == 2
+    assert subscribe(broker, "events", "late").ids == ids
+
+
+def test_a_channel_created_on_a_paused_topic_gets_nothing_until_unpaused():
+    broker, _ = new_broker()
+    ids = broker.multi_publish("events", [b"1", b"2"])
+    broker.topic("events").pause()
+    c = subscribe(broker, "events", "late")
+    assert c.received == [] and broker.topic("events").depth == 2
+    broker.topic("events").unpause()
+    assert c.ids == ids
+
+
 def test_empty_topic_drops_what_it_holds_for_channels_created_later():
     broker, _ = new_broker()
     broker.multi_publish("events", [b"1", b"2"])
@@ -195,16 +215,17 @@ def test_stats_counts_add_up_over_publishes_deferrals_requeues_and_disconnects()
     ch.finish(worker, ids[0])
     ch.requeue(worker, ids[1])                # back at once: held again
     ch.requeue(worker, ids[1])
+    ch.finish(worker, ids[2])
     [topic] = broker.stats("events")
     [work] = topic.channels
     assert (topic.message_count, topic.message_bytes) == (4, 10)
     assert (work.name, work.message_count, work.deferred_count) == ("work", 4, 1)
     [client] = work.clients
-    assert (client.client_id, client.finish_count, client.requeue_count) == ("worker-1", 1, 2)
-    assert (client.message_count, client.in_flight_count) == (5, 2)
-    ch.remove_consumer(worker)                # its two held messages are requeued too
+    assert (client.client_id, client.finish_count, client.requeue_count) == ("worker-1", 2, 2)
+    assert (client.message_count, client.in_flight_count) == (5, 1)
+    ch.remove_consumer(worker)                # the message it still held is requeued too
     [work] = broker.stats("events")[0].channels
-    assert (work.requeue_count, work.finish_count, work.depth, work.clients) == (4, 1, 2, [])
+    assert (work.requeue_count, work.finish_count, work.depth, work.clients) == (3, 2, 1, [])
 
 
 def test_stats_show_paused_state_and_depth_and_filter_by_channel():

@@ -24,6 +24,8 @@ def test_a_replay_adopts_a_requeued_lease_and_reads_the_same_messages():
     assert broker.channel("events", "spark").depth == 2
     assert broker.finish_leases([lease.lease_id]) == (3, [])
     assert broker.channel("events", "spark").finish_count == 3
+    consumer = subscribe(broker, "events", "spark")  # the two never leased are intact
+    assert [m.body for m in consumer.received] == [b"m3", b"m4"]
 
 
 def test_a_live_lease_changes_hands_and_the_old_holder_ending_requeues_nothing():
@@ -49,5 +51,17 @@ def test_a_requeued_lease_whose_messages_were_consumed_meanwhile_cannot_be_adopt
     broker.close_lease_session(failed.session_id)
     consumer = subscribe(broker, "events", "spark")  # takes the requeued message first
     assert len(consumer.received) == 2
+    replay = broker.open_lease_session()
+    assert broker.adopt_leases(replay.session_id, [lease.lease_id]) == (0, [lease.lease_id])
+
+
+def test_a_lease_of_a_deleted_channel_cannot_be_adopted():
+    broker, _ = new_broker()
+    broker.create_channel("events", "spark")
+    broker.multi_publish("events", [b"a", b"b"])
+    failed = broker.open_lease_session()
+    lease, _ = broker.reserve(failed.session_id, "events", "spark", 2, 5000)
+    broker.close_lease_session(failed.session_id)
+    broker.delete_channel("events", "spark")
     replay = broker.open_lease_session()
     assert broker.adopt_leases(replay.session_id, [lease.lease_id]) == (0, [lease.lease_id])

@@ -89,11 +89,32 @@ def test_a_negative_count_is_refused_naming_the_option(name):
 
 
 def test_msg_timeout_must_be_positive_and_within_max_msg_timeout():
-    with pytest.raises(ValueError, match="msg-timeout must be positive"):
+    with pytest.raises(ValueError, match="^msg-timeout must be positive$"):
         Options(msg_timeout=0)
-    with pytest.raises(ValueError, match="msg-timeout must not exceed max-msg-timeout"):
+    with pytest.raises(ValueError, match="^msg-timeout must not exceed max-msg-timeout$"):
         Options(msg_timeout="16m")
     assert Options(msg_timeout="15m").msg_timeout == Options().max_msg_timeout
+    assert Options(msg_timeout="1ms").msg_timeout == 1
+
+
+def test_a_toml_key_may_also_be_spelled_as_its_flag(tmp_path):
+    path = tmp_path / "pynsqd.toml"
+    path.write_text('mem-queue-size = 5\nmsg-timeout = "2s"\n')
+    o = Options.from_toml(path)
+    assert (o.mem_queue_size, o.msg_timeout) == (5, 2000)
+
+
+def test_every_option_is_a_flag_and_duration_flags_take_units():
+    from broker.daemon import build_parser, options_from_args
+
+    args = build_parser().parse_args(["--msg-timeout", "500ms", "--max-req-timeout", "1h",
+                                      "--sync-timeout", "250ms", "--mem-queue-size", "7",
+                                      "--grpc-address", "127.0.0.1:5000"])
+    o = options_from_args(args)
+    assert (o.msg_timeout, o.max_req_timeout, o.sync_timeout) == (500, 3_600_000, 250)
+    assert (o.mem_queue_size, o.grpc_address) == (7, "127.0.0.1:5000")
+    flags = {a.dest for a in build_parser()._actions}
+    assert {f.name for f in dataclasses.fields(Options)} <= flags
 
 
 @pytest.mark.parametrize("level", ["debug", "INFO", "warning", "error"])
