@@ -34,7 +34,7 @@ def test_several_messages_arrive_in_one_frame(client):
     responses = client.stub.Subscribe(frames, timeout=30)
     try:
         assert next(responses).WhichOneof("frame") == "subscribed"
-        assert len(next(responses).messages.messages) == 50
+        assert len(next(responses).messages.messages) > 1  # not one frame per message
     finally:
         responses.cancel()
 

@@ -70,8 +70,10 @@ def test_values_given_over_the_file_override_it(tmp_path):
     ('max_msg_size = "big"\n', "max_msg_size: expected a whole number, got 'big'"),
     ("grpc_address = 4170\n", "grpc_address: expected a string, got 4170"),
     ('msg_timeout = "soon"\n', "msg-timeout: expected a duration"),
+    ("msg_timeout = true\n", "msg-timeout: expected a duration such as '60s', got True"),
     ("msg_timeout = \n", "pynsqd.toml"),
-])
+], ids=["unknown key", "text for a number", "number for text", "bad duration", "boolean duration",
+        "bad TOML"])
 def test_a_bad_config_file_is_refused_naming_the_key(tmp_path, content, message):
     path = tmp_path / "pynsqd.toml"
     path.write_text(content)
