@@ -145,7 +145,7 @@ class Broker:
 
     # -- consuming --------------------------------------------------------
     def msg_timeout(self, requested_ms: int = 0) -> float:
-        """A consumer's timeout in seconds: its own, or the default, capped."""
+        """Seconds: the consumer's own timeout (at most max-msg-timeout) or the default."""
         opts = self.options
         if requested_ms < 0:
             raise InvalidRequest(f"msg_timeout {requested_ms} ms must not be negative")

@@ -38,13 +38,57 @@ def test_tail_prints_bodies_fins_them_and_stops_after_n(broker, client):
              message="two FINs")
 
 
-def test_stats_shows_topics_and_channels(broker, client):
+def test_each_tail_reads_its_own_ephemeral_channel_which_goes_away_after(broker, client):
     client.admin("channel", "create", "events", "archive")
-    client.publish("events", b"x")
-    result = pynsq(broker.address, "stats")
-    assert result.returncode == 0
-    assert "[events]" in result.stdout and "[archive]" in result.stdout
-    assert "depth: 1" in result.stdout
+    tails = [subprocess.Popen([bin_path("pynsq"), "--address", broker.address, "tail", "events",
+                               "-n", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    try:
+        def channels() -> list[str]:
+            return sorted(c.name for c in client.stats("events").topics[0].channels)
+
+        tail_channels = wait_for(lambda: [c for c in channels() if c != "archive"]
+                                 if len(channels()) == 3 else None, 30,
+                                 message="both tails subscribed")
+        assert all(c.endswith("#ephemeral") for c in tail_channels)
+        client.multi_publish("events", [b"one", b"two", b"three"])
+        outputs = [t.communicate(timeout=30) for t in tails]
+    finally:
+        for t in tails:
+            if t.poll() is None:
+                t.kill()
+                t.wait(30)
+    for (out, err), t in zip(outputs, tails):
+        assert t.returncode == 0, err
+        assert out.splitlines() == ["one", "two", "three"]
+    wait_for(lambda: channels() == ["archive"], 10, message="the tails' channels to go away")
+    assert client.stats("events").topics[0].channels[0].depth == 3
+
+
+def test_stats_shows_topics_channels_depths_counts_and_latency(broker, client):
+    client.admin("channel", "create", "events", "archive")
+    with client.subscribe("events", "work", rdy=1) as sub:
+        client.multi_publish("events", [b"x", b"y"])
+        for _ in range(2):
+            sub.fin(sub.get(10).id)
+        wait_for(lambda: client.stats("events", "work").topics[0].channels[0].finish_count == 2,
+                 10, message="two FINs")
+        result = pynsq(broker.address, "stats")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "[events] depth: 0 msgs: 2"
+    archive = next(line for line in lines if "[archive]" in line)
+    work = next(line for line in lines if "[work]" in line)
+    assert "depth: 2 in-flight: 0 deferred: 0 msgs: 2 fin: 0" in archive
+    assert "depth: 0 in-flight: 0 deferred: 0 msgs: 2 fin: 2 req: 0 timeout: 0 clients: 1 p50=" \
+        in work
+    assert "p95=" in work and "p99=" in work
+
+
+def test_the_default_address_is_the_local_grpc_port():
+    from broker.cli import build_parser
+
+    assert build_parser().parse_args(["stats"]).address == "127.0.0.1:4170"
 
 
 def test_topic_and_channel_admin(broker, client):

@@ -8,7 +8,7 @@ import pytest
 from broker import (ChannelNotFound, InvalidChannel, InvalidMessage, InvalidTopic, MessageTooBig,
                     NotInFlight, TopicNotFound)
 
-from .corekit import advance, new_broker, subscribe
+from .corekit import Recorder, advance, new_broker, subscribe
 
 GOOD_NAMES = ["a", "x" * 64, "Events.v1_2-3", "events#ephemeral", "x" * 54 + "#ephemeral"]
 BAD_NAMES = ["", "x" * 65, "has space", "a/b", "a#b", "#ephemeral", "x#ephemeral#ephemeral", "é"]
@@ -112,6 +112,36 @@ def test_topic_without_channels_keeps_messages_for_its_first_channel():
     assert c.ids == ids
 
 
+def test_a_topic_without_channels_paused_and_unpaused_keeps_its_messages_for_its_first_channel():
+    broker, _ = new_broker()
+    ids = broker.multi_publish("events", [b"1", b"2"])
+    topic = broker.topic("events")
+    topic.pause()
+    topic.unpause()
+    assert topic.depth == 2
+    assert subscribe(broker, "events", "late").ids == ids
+
+
+def test_a_channel_created_on_a_paused_topic_gets_nothing_until_unpaused():
+    broker, _ = new_broker()
+    ids = broker.multi_publish("events", [b"1", b"2"])
+    broker.topic("events").pause()
+    c = subscribe(broker, "events", "late")
+    assert c.received == [] and broker.topic("events").depth == 2
+    broker.topic("events").unpause()
+    assert c.ids == ids
+
+
+def test_empty_topic_drops_what_it_holds_for_channels_created_later():
+    broker, _ = new_broker()
+    broker.multi_publish("events", [b"1", b"2"])
+    broker.topic("events").empty()
+    assert broker.topic("events").depth == 0
+    c = subscribe(broker, "events", "late")
+    new_id = broker.publish("events", b"3")
+    assert c.ids == [new_id]
+
+
 def test_empty_channel_drops_ready_deferred_and_in_flight_messages():
     broker, _ = new_broker()
     c = subscribe(broker, "events", "work", rdy=1)
@@ -140,6 +170,15 @@ def test_deleting_a_channel_evicts_its_consumers_and_keeps_the_others():
         broker.channel("events", "gone")
 
 
+def test_deleting_the_last_channel_of_a_topic_keeps_the_topic():
+    broker, _ = new_broker()
+    broker.create_channel("events", "only")
+    broker.delete_channel("events", "only")
+    assert broker.topic("events").channels == {}
+    msg_id = broker.publish("events", b"x")
+    assert subscribe(broker, "events", "next").ids == [msg_id]
+
+
 def test_deleting_a_topic_evicts_every_consumer():
     broker, _ = new_broker()
     c = subscribe(broker, "events", "work")
@@ -166,6 +205,58 @@ def test_stats_count_depth_in_flight_deferred_requeues_timeouts_and_clients():
     assert (client.ready_count, client.in_flight_count, client.message_count) == (2, 2, 5)
 
 
+def test_stats_counts_add_up_over_publishes_deferrals_requeues_and_disconnects():
+    broker, _ = new_broker()
+    worker = Recorder(broker, client_id="worker-1")
+    ch = broker.subscribe(worker, "events", "work")
+    ch.set_rdy(worker, 3)
+    ids = broker.multi_publish("events", [b"1", b"22"]) + [broker.publish("events", b"333")]
+    broker.publish("events", b"4444", defer_ms=5000)
+    ch.finish(worker, ids[0])
+    ch.requeue(worker, ids[1])                # back at once: held again
+    ch.requeue(worker, ids[1])
+    ch.finish(worker, ids[2])
+    [topic] = broker.stats("events")
+    [work] = topic.channels
+    assert (topic.message_count, topic.message_bytes) == (4, 10)
+    assert (work.name, work.message_count, work.deferred_count) == ("work", 4, 1)
+    [client] = work.clients
+    assert (client.client_id, client.finish_count, client.requeue_count) == ("worker-1", 2, 2)
+    assert (client.message_count, client.in_flight_count) == (5, 1)
+    ch.remove_consumer(worker)                # the message it still held is requeued too
+    [work] = broker.stats("events")[0].channels
+    assert (work.requeue_count, work.finish_count, work.depth, work.clients) == (3, 2, 1, [])
+
+
+def test_stats_show_paused_state_and_depth_and_filter_by_channel():
+    broker, _ = new_broker()
+    for name in ("a", "b", "c"):
+        broker.create_channel("events", name)
+    broker.topic("events").pause()
+    broker.channel("events", "b").pause()
+    broker.publish("events", b"x")
+    [topic] = broker.stats("events", "b")
+    assert (topic.name, topic.paused, topic.depth) == ("events", True, 1)
+    assert [(c.name, c.paused) for c in topic.channels] == [("b", True)]
+    assert [c.name for c in broker.stats("events")[0].channels] == ["a", "b", "c"]
+
+
+def test_stats_count_leased_messages_and_their_fins_with_latency():
+    broker, clock = new_broker()
+    broker.create_channel("events", "spark")
+    broker.multi_publish("events", [b"x"] * 5)
+    session = broker.open_lease_session("driver")
+    first, _ = broker.reserve(session.session_id, "events", "spark", 2, 5000)
+    second, _ = broker.reserve(session.session_id, "events", "spark", 2, 5000)
+    assert broker.stats("events")[0].channels[0].in_flight_count == 4
+    clock.advance(0.25)
+    broker.finish_leases([first.lease_id])
+    broker.finish_leases([second.lease_id])
+    [spark] = broker.stats("events")[0].channels
+    assert (spark.finish_count, spark.in_flight_count, spark.depth) == (4, 0, 1)
+    assert dict(spark.e2e_processing_latency) == pytest.approx({0.5: 250, 0.95: 250, 0.99: 250})
+
+
 def test_stats_report_end_to_end_latency_percentiles_from_publish_to_fin():
     broker, clock = new_broker()
     c = subscribe(broker, "events", "work")
@@ -174,6 +265,22 @@ def test_stats_report_end_to_end_latency_percentiles_from_publish_to_fin():
         clock.advance(0.001)  # the i-th message is FINed (i+1) ms after publish
         c.channel.finish(c, msg_id)
     [topic] = broker.stats("events")
+    assert topic.channels[0].finish_count == 100
     latency = dict(topic.channels[0].e2e_processing_latency)
     assert latency == pytest.approx({0.5: 51.0, 0.95: 96.0, 0.99: 100.0})
     assert dict(topic.e2e_processing_latency) == latency
+
+
+def test_latency_percentiles_cover_only_the_last_4096_fins():
+    broker, clock = new_broker()
+    c = subscribe(broker, "events", "work", rdy=2500)
+    slow = broker.multi_publish("events", [b"x"] * 1000)
+    clock.advance(1.0)                        # these 1000 are FINed 1 s after publish
+    for msg_id in slow:
+        c.channel.finish(c, msg_id)
+    fast = broker.multi_publish("events", [b"x"] * 2048) + \
+        broker.multi_publish("events", [b"x"] * 2048)
+    for msg_id in fast:                       # these 4096 at once: 0 ms
+        c.channel.finish(c, msg_id)
+    latency = dict(broker.stats("events")[0].channels[0].e2e_processing_latency)
+    assert latency[0.99] == pytest.approx(0, abs=0.01)

@@ -48,6 +48,25 @@ def test_consumers_of_one_channel_share_it_each_message_going_to_one():
     assert all(len(g) == 10 for g in got)  # round-robin
 
 
+def test_round_robin_skips_consumers_without_room_and_goes_on_after_the_one_served():
+    broker, _ = new_broker()
+    a = subscribe(broker, "events", "work", rdy=1)
+    b = subscribe(broker, "events", "work")
+    c = subscribe(broker, "events", "work")
+    ids = publish_n(broker, "events", 7)
+    assert (a.ids, b.ids, c.ids) == ([ids[0]], ids[1::2], ids[2::2])
+
+
+def test_a_consumer_gets_nothing_until_it_gives_a_rdy_count():
+    broker, _ = new_broker()
+    c = Recorder(broker)
+    ch = broker.subscribe(c, "events", "work")
+    [msg_id] = publish_n(broker, "events", 1)
+    assert c.received == [] and ch.depth == 1
+    ch.set_rdy(c, 1)
+    assert c.ids == [msg_id]
+
+
 def test_consumer_never_holds_more_than_its_rdy():
     broker, _ = new_broker()
     c = subscribe(broker, "events", "work", rdy=3)
@@ -89,14 +108,23 @@ def test_rdy_outside_zero_to_max_rdy_count_is_refused(count):
     assert c.rdy == 1
 
 
-def test_delivered_message_is_in_flight_until_fin():
-    broker, _ = new_broker()
-    c = subscribe(broker, "events", "work")
+def test_rdy_of_exactly_max_rdy_count_is_accepted():
+    broker, _ = new_broker(max_rdy_count=3)
+    c = subscribe(broker, "events", "work", rdy=3)
+    publish_n(broker, "events", 5)
+    assert c.rdy == 3 and len(c.received) == 3
+
+
+def test_delivered_message_is_in_flight_until_fin_and_fin_removes_it_for_good():
+    broker, clock = new_broker()
+    c = subscribe(broker, "events", "work", msg_timeout_ms=1000)
     [msg_id] = publish_n(broker, "events", 1)
     ch = broker.channel("events", "work")
     assert (ch.depth, ch.in_flight_count, c.received[0].attempts) == (0, 1, 1)
     ch.finish(c, msg_id)
     assert (ch.depth, ch.in_flight_count, ch.finish_count) == (0, 0, 1)
+    advance(broker, clock, 5.0)  # long past its deadline: a FINished message never comes back
+    assert c.ids == [msg_id] and ch.timeout_count == 0
 
 
 def test_timed_out_message_is_redelivered_with_higher_attempts():
@@ -168,10 +196,35 @@ def test_req_delay_over_max_req_timeout_is_refused_and_message_stays_held():
     broker, _ = new_broker(max_req_timeout="10s")
     c = subscribe(broker, "events", "work")
     [msg_id] = publish_n(broker, "events", 1)
-    with pytest.raises(InvalidRequest, match="REQ delay 10001 ms out of range.*max-req-timeout"):
+    with pytest.raises(InvalidRequest, match=r"REQ delay 10001 ms out of range: must be 0 to "
+                                             r"10000 ms \(max-req-timeout\)"):
         c.channel.requeue(c, msg_id, delay=10.001)
     assert list(c.in_flight) == [msg_id]
     c.channel.finish(c, msg_id)
+
+
+def test_req_delay_of_exactly_max_req_timeout_is_accepted():
+    broker, clock = new_broker(max_req_timeout="10s")
+    c = subscribe(broker, "events", "work")
+    [msg_id] = publish_n(broker, "events", 1)
+    c.channel.requeue(c, msg_id, delay=10.0)
+    assert c.channel.deferred_count == 1
+    advance(broker, clock, 10.0)
+    assert c.ids == [msg_id, msg_id]
+
+
+def test_sub_second_req_delays_and_dpub_defers_are_kept():
+    broker, clock = new_broker()
+    c = subscribe(broker, "events", "work")
+    [requeued] = publish_n(broker, "events", 1)
+    c.channel.requeue(c, requeued, delay=0.5)
+    deferred = broker.publish("events", b"later", defer_ms=500)
+    held = broker.publish("no-channel-yet", b"later", defer_ms=500)
+    late = subscribe(broker, "no-channel-yet", "work")
+    advance(broker, clock, 0.49)
+    assert c.ids == [requeued] and late.received == []
+    advance(broker, clock, 0.01)
+    assert sorted(c.ids) == sorted([requeued, requeued, deferred]) and late.ids == [held]
 
 
 @pytest.mark.parametrize("command", ["FIN", "REQ", "TOUCH"])
@@ -185,7 +238,7 @@ def test_command_on_a_message_held_by_another_consumer_is_refused_and_changes_no
     action = {"FIN": ch.finish, "REQ": ch.requeue, "TOUCH": ch.touch}[command]
     with pytest.raises(NotInFlight, match=f"{command} {msg_id}: message not in flight") as err:
         action(other, msg_id)
-    assert err.value.code == f"E_{command}_FAILED"
+    assert (err.value.code, err.value.msg_id) == (f"E_{command}_FAILED", msg_id)
     assert list(holder.in_flight) == [msg_id] and ch.in_flight_count == 1
     advance(broker, clock, 1.0)  # the deadline was not moved either
     assert ch.timeout_count == 1
@@ -199,6 +252,17 @@ def test_command_on_an_unknown_message_is_refused(command):
     action = {"FIN": ch.finish, "REQ": ch.requeue, "TOUCH": ch.touch}[command]
     with pytest.raises(NotInFlight, match="0123456789abcdef"):
         action(c, "0123456789abcdef")
+
+
+def test_fin_of_several_ids_finishes_those_held_and_reports_each_other_one():
+    broker, _ = new_broker()
+    c = subscribe(broker, "events", "work", rdy=2)
+    ids = publish_n(broker, "events", 4)
+    unknown = "0123456789abcdef"
+    failures = c.channel.finish_many(c, [ids[0], unknown, ids[1]])
+    assert [(f.code, f.msg_id) for f in failures] == [("E_FIN_FAILED", unknown)]
+    assert c.channel.finish_count == 2
+    assert c.ids == ids  # the freed RDY took the other two
 
 
 def test_fin_twice_is_refused_the_second_time():
@@ -239,6 +303,24 @@ def test_deferred_publish_outside_max_req_timeout_is_refused(defer_ms):
     broker, _ = new_broker()
     with pytest.raises(InvalidRequest, match="DPUB defer .* out of range"):
         broker.publish("events", b"x", defer_ms=defer_ms)
+    assert "events" not in broker.topics
+
+
+def test_multi_publish_defers_each_message_by_its_own_delay():
+    broker, clock = new_broker()
+    c = subscribe(broker, "events", "work")
+    now, later = broker.multi_publish("events", [b"now", b"later"], defer_ms=[0, 2000])
+    assert c.ids == [now]
+    advance(broker, clock, 1.99)
+    assert c.ids == [now]
+    advance(broker, clock, 0.01)
+    assert c.ids == [now, later]
+
+
+def test_multi_publish_with_a_defer_count_other_than_the_message_count_is_refused():
+    broker, _ = new_broker()
+    with pytest.raises(InvalidRequest, match="1 defers for 2 messages"):
+        broker.multi_publish("events", [b"a", b"b"], defer_ms=[5])
     assert "events" not in broker.topics
 
 

@@ -32,18 +32,22 @@ def info(address: str):
 
 
 def test_flags_set_options_with_nsqd_names_and_durations(daemons):
-    d = daemons("--msg-timeout", "5s", "--max-rdy-count", "100", "--max-req-timeout", "2m").wait_ready()
+    d = daemons("--msg-timeout", "500ms", "--max-rdy-count", "100", "--max-req-timeout", "1h",
+                "--max-msg-timeout", "2m").wait_ready()
     i = info(d.address)
-    assert (i.msg_timeout_ms, i.max_rdy_count, i.max_req_timeout_ms) == (5000, 100, 120_000)
-    assert i.max_msg_size == 1024 * 1024 and i.max_msg_timeout_ms == 15 * 60_000
+    assert (i.msg_timeout_ms, i.max_rdy_count, i.max_req_timeout_ms) == (500, 100, 3_600_000)
+    assert i.max_msg_timeout_ms == 120_000 and i.max_msg_size == 1024 * 1024
 
 
-def test_toml_config_is_read_and_flags_override_it(daemons, tmp_path):
+def test_toml_config_is_read_with_its_durations_and_flags_override_it(daemons, tmp_path):
     config = tmp_path / "pynsqd.toml"
-    config.write_text('max_msg_size = 2048\nmsg_timeout = "30s"\nmax_rdy_count = 10\n')
-    d = daemons("--config", str(config), "--max-rdy-count", "20").wait_ready()
+    config.write_text('max_msg_size = 2048\nmsg_timeout = "500ms"\nmax_rdy_count = 10\n'
+                      'max_msg_timeout = "1h"\nmax_req_timeout = "30s"\n')
+    d = daemons("--config", str(config), "--max-rdy-count", "20", "--max-req-timeout",
+                "15m").wait_ready()
     i = info(d.address)
-    assert (i.max_msg_size, i.msg_timeout_ms, i.max_rdy_count) == (2048, 30_000, 20)
+    assert (i.max_msg_size, i.msg_timeout_ms, i.max_rdy_count) == (2048, 500, 20)
+    assert (i.max_msg_timeout_ms, i.max_req_timeout_ms) == (3_600_000, 900_000)
 
 
 def test_the_shipped_config_file_starts_the_daemon(daemons):
@@ -70,6 +74,12 @@ def test_a_signal_shuts_down_cleanly(daemons, sig):
     d = daemons().wait_ready()
     assert d.stop(sig) == 0
     assert "shutting down" in d.output()
+
+
+def test_log_level_error_leaves_info_lines_out(daemons):
+    d = daemons("--log-level", "error").wait_ready()
+    assert d.stop(signal.SIGTERM) == 0
+    assert "shutting down" not in d.output()
 
 
 def test_a_port_in_use_is_a_clear_error(daemons):

@@ -10,9 +10,33 @@ import grpc
 import pytest
 
 from broker import ClientError
+from broker.api import broker_pb2 as pb
 
 from .grpckit import channel_stats, collect
 from .helpers import wait_for
+
+
+def test_messages_arrive_with_their_ids_bodies_publish_time_in_ns_and_attempts(client):
+    before_ns = time.time_ns()
+    ids = client.multi_publish("events", [b"a", b"b"])
+    after_ns = time.time_ns()
+    with client.subscribe("events", "work", rdy=10) as sub:
+        got = [m for _, m in collect([sub], 2)]
+    assert [m.id for m in got] == ids and [m.body for m in got] == [b"a", b"b"]
+    assert all(m.attempts == 1 for m in got)
+    assert all(before_ns <= m.timestamp <= after_ns for m in got)
+
+
+def test_several_messages_arrive_in_one_frame(client):
+    client.multi_publish("events", [b"x"] * 50)
+    frames = iter([pb.ClientFrame(sub=pb.Sub(topic="events", channel="work")),
+                   pb.ClientFrame(rdy=pb.Rdy(count=50))])
+    responses = client.stub.Subscribe(frames, timeout=30)
+    try:
+        assert next(responses).WhichOneof("frame") == "subscribed"
+        assert len(next(responses).messages.messages) > 1  # not one frame per message
+    finally:
+        responses.cancel()
 
 
 def test_each_channel_gets_every_message_and_its_consumers_share_them(client):
@@ -191,3 +215,12 @@ def test_cls_stops_delivery_and_is_answered_with_close_wait(client):
         got = collect([other], 3)
         assert sorted(m.id for _, m in got) == sorted(ids)
         assert sub.get(timeout=0.1) is None
+
+
+def test_nop_is_accepted_and_the_stream_goes_on(client):
+    with client.subscribe("events", "work", rdy=1) as sub:
+        sub.nop()
+        msg_id = client.publish("events", "after nop")
+        [(_, msg)] = collect([sub], 1)
+        assert sub.error(timeout=0.2) is None
+    assert msg.id == msg_id

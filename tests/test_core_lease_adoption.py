@@ -1,0 +1,67 @@
+"""Adopting leases in the core: a restarted planner (the Spark driver replaying a
+batch from its checkpoint) takes over the leases its failed run held, so the
+replay reads the very messages the failed run read."""
+
+from __future__ import annotations
+
+from .corekit import new_broker, subscribe
+
+
+def test_a_replay_adopts_a_requeued_lease_and_reads_the_same_messages():
+    broker, _ = new_broker()
+    broker.create_channel("events", "spark")
+    broker.multi_publish("events", [f"m{i}".encode() for i in range(5)])
+    failed = broker.open_lease_session("driver")
+    lease, _ = broker.reserve(failed.session_id, "events", "spark", 3, 5000)
+    first_read = [m.id for m in lease.slice(0, 1)]
+    broker.close_lease_session(failed.session_id)  # the driver dies: its lease is requeued
+    assert broker.channel("events", "spark").depth == 5
+    replay = broker.open_lease_session("driver")
+    assert broker.adopt_leases(replay.session_id, [lease.lease_id]) == (3, [])
+    again = broker.lease(lease.lease_id).slice(0, 1)
+    assert [m.id for m in again] == first_read
+    assert all(m.attempts == 2 for m in again)
+    assert broker.channel("events", "spark").depth == 2
+    assert broker.finish_leases([lease.lease_id]) == (3, [])
+    assert broker.channel("events", "spark").finish_count == 3
+    consumer = subscribe(broker, "events", "spark")  # the two never leased are intact
+    assert [m.body for m in consumer.received] == [b"m3", b"m4"]
+
+
+def test_a_live_lease_changes_hands_and_the_old_holder_ending_requeues_nothing():
+    broker, _ = new_broker()
+    broker.create_channel("events", "spark")
+    broker.multi_publish("events", [b"a", b"b"])
+    old, new = broker.open_lease_session(), broker.open_lease_session()
+    lease, _ = broker.reserve(old.session_id, "events", "spark", 1, 5000)
+    assert broker.adopt_leases(new.session_id, [lease.lease_id]) == (1, [])
+    broker.close_lease_session(old.session_id)
+    ch = broker.channel("events", "spark")
+    assert (ch.in_flight_count, ch.depth) == (1, 1)
+    broker.close_lease_session(new.session_id)  # the holder now: its end requeues the lease
+    assert (ch.in_flight_count, ch.depth) == (0, 2)
+
+
+def test_a_requeued_lease_whose_messages_were_consumed_meanwhile_cannot_be_adopted():
+    broker, _ = new_broker()
+    broker.create_channel("events", "spark")
+    broker.multi_publish("events", [b"a", b"b"])
+    failed = broker.open_lease_session()
+    lease, _ = broker.reserve(failed.session_id, "events", "spark", 1, 5000)
+    broker.close_lease_session(failed.session_id)
+    consumer = subscribe(broker, "events", "spark")  # takes the requeued message first
+    assert len(consumer.received) == 2
+    replay = broker.open_lease_session()
+    assert broker.adopt_leases(replay.session_id, [lease.lease_id]) == (0, [lease.lease_id])
+
+
+def test_a_lease_of_a_deleted_channel_cannot_be_adopted():
+    broker, _ = new_broker()
+    broker.create_channel("events", "spark")
+    broker.multi_publish("events", [b"a", b"b"])
+    failed = broker.open_lease_session()
+    lease, _ = broker.reserve(failed.session_id, "events", "spark", 2, 5000)
+    broker.close_lease_session(failed.session_id)
+    broker.delete_channel("events", "spark")
+    replay = broker.open_lease_session()
+    assert broker.adopt_leases(replay.session_id, [lease.lease_id]) == (0, [lease.lease_id])

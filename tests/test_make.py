@@ -1,0 +1,59 @@
+"""The Makefile's promise: with no ``java`` on the PATH, ``make demo``,
+``make test`` and ``make bench`` stop with a clear message before doing any
+work. Run in a copy of the Makefile whose environment counts as installed, so
+that nothing is installed or run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+MAKE = shutil.which("make")
+JAVA_MISSING = "Java 17 or newer is required by Spark 4 and was not found on PATH"
+
+pytestmark = pytest.mark.skipif(MAKE is None, reason="make is not installed")
+
+
+@pytest.fixture
+def project(tmp_path):
+    """The Makefile and pyproject.toml, with an environment marked as installed
+    (its Python is this one) and an empty bin directory for the PATH."""
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    os.utime(tmp_path / "pyproject.toml", (0, 0))  # older than the "installed" mark
+    venv_bin = tmp_path / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").symlink_to(sys.executable)
+    (tmp_path / ".venv" / ".installed").touch()
+    (tmp_path / "path").mkdir()
+    return tmp_path
+
+
+def make(project: Path, target: str) -> subprocess.CompletedProcess:
+    env = {"PATH": str(project / "path"), "HOME": os.environ.get("HOME", str(project))}
+    return subprocess.run([MAKE, "--no-print-directory", target, f"PYTHON={sys.executable}"],
+                          cwd=project, env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("target", ["check-java", "demo", "test", "bench"])
+def test_make_stops_with_a_clear_message_when_java_is_missing(project, target):
+    result = make(project, target)
+    assert result.returncode != 0
+    assert JAVA_MISSING in result.stdout + result.stderr
+    assert "pytest" not in result.stdout and "Traceback" not in result.stderr
+
+
+def test_make_check_java_passes_when_java_is_on_the_path(project):
+    java = project / "path" / "java"
+    java.write_text("#!/bin/sh\nexit 0\n")
+    java.chmod(java.stat().st_mode | stat.S_IXUSR)
+    result = make(project, "check-java")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert JAVA_MISSING not in result.stdout + result.stderr
