@@ -48,7 +48,9 @@ class BrokerApp:
         self._ticker: asyncio.Task | None = None
 
     async def start(self) -> None:
-        asyncio.get_running_loop().set_exception_handler(_log_accept_failures)
+        loop = asyncio.get_running_loop()
+        if loop.get_exception_handler() is None:   # leave an embedding program's own alone
+            loop.set_exception_handler(_log_accept_failures)
         if self.options.data_path:
             storage = Storage(self.broker, self.options)
             try:
