@@ -11,7 +11,7 @@ producers stop, the consumers drain both channels, and the report gives:
 
 - messages lost per channel (published and never received: must be 0) and
   duplicates (redeliveries after a timeout: allowed);
-- pynsqd's RSS over time;
+- pynsqd's RSS over time, next to the backlog (messages waiting in both channels);
 - per channel, published = FINed + depth + in flight + deferred, from /stats.
 
 It prints one JSON object. It is a benchmark, not a test: nothing is asserted.
@@ -88,13 +88,20 @@ class Soak:
         with socket.create_connection((host, int(port))) as sock:
             sock.sendall(b"  V2")
             buf, seq = bytearray(), 0
+            pending: list[tuple[int, bytes]] = []
             while not self.stop_producing.is_set():
                 bodies = self._bodies("tcp", n, seq)
                 payload = struct.pack(">i", len(bodies)) + b"".join(
                     struct.pack(">i", len(b)) + b for b in bodies)
                 sock.sendall(f"MPUB {TOPIC}\n".encode() + struct.pack(">i", len(payload))
                              + payload)
-                [(kind, data)] = _frames(sock, buf)[:1]
+                while True:
+                    if not pending:
+                        pending += _frames(sock, buf)
+                    kind, data = pending.pop(0)
+                    if (kind, data) != (0, b"_heartbeat_"):
+                        break
+                    sock.sendall(b"NOP\n")
                 if (kind, data) != (0, b"OK"):
                     raise RuntimeError(f"MPUB answered {data!r}")
                 self._accepted("tcp", bodies)
@@ -198,10 +205,17 @@ def run(duration: float, data_path: str) -> dict:
         for t in threads + producers:
             t.start()
         started = time.monotonic()
-        rss = [(0, rss_mb(proc.pid))]
+        def sample() -> tuple[int, float, int]:
+            """(seconds, RSS MB, messages waiting in both channels)."""
+            channels = channel_stats(grpc)
+            waiting = sum(channels[c]["depth"] + channels[c]["in_flight_count"]
+                          for c in ("grpc", "tcp"))
+            return round(time.monotonic() - started), rss_mb(proc.pid), waiting
+
+        rss = [sample()]
         while time.monotonic() - started < duration:
             time.sleep(min(5.0, duration / 6))
-            rss.append((round(time.monotonic() - started), rss_mb(proc.pid)))
+            rss.append(sample())
         soak.stop_producing.set()
         for t in producers:
             t.join(60)
@@ -216,14 +230,14 @@ def run(duration: float, data_path: str) -> dict:
         for t in threads:
             t.join(30)
         channels = channel_stats(grpc)
-        rss.append((round(time.monotonic() - started), rss_mb(proc.pid)))
+        rss.append(sample())
     finally:
         soak.stop_producing.set()
         soak.stop_consuming.set()
         stop(proc)
     published = sum(soak.published.values())
     report: dict = {"duration_s": duration, "published": soak.published,
-                    "published_total": published, "rss_mb_over_time": rss,
+                    "published_total": published, "seconds_rss_mb_backlog": rss,
                     "tcp_errors": soak.errors[:5], "channels": {}}
     for name in ("grpc", "tcp"):
         c = channels[name]

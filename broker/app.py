@@ -52,7 +52,9 @@ class BrokerApp:
         self._statsd: StatsdPusher | None = None
 
     async def start(self) -> None:
-        asyncio.get_running_loop().set_exception_handler(_log_accept_failures)
+        loop = asyncio.get_running_loop()
+        if loop.get_exception_handler() is None:   # leave an embedding program's own alone
+            loop.set_exception_handler(_log_accept_failures)
         if self.options.data_path:
             storage = DiskStore(self.broker, self.options)
             self.broker.storage = storage

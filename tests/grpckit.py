@@ -25,3 +25,28 @@ def channel_stats(client, topic: str, channel: str):
     [t] = client.stats(topic, channel).topics
     [c] = t.channels
     return c
+
+
+SENTINEL_ID = "ffffffffffffffff"
+
+
+def so_far(sub) -> tuple[list, list]:
+    """(messages, errors) that reached ``sub`` and were not read yet, up to now.
+
+    A FIN of an unknown id is answered with an error frame, and the broker sends a
+    stream's frames in order: once that sentinel error is here, whatever the broker
+    sent before it is here too. So ``so_far(sub) == ([], [])`` proves that nothing
+    arrived, where a short wait would only hope it.
+    """
+    sub.fin(SENTINEL_ID)
+    errors = []
+    while True:
+        error = sub.error(timeout=10)
+        assert error is not None, "the sentinel FIN was not answered"
+        if error.id == SENTINEL_ID:
+            break
+        errors.append(error)
+    messages = []
+    while (msg := sub.get(timeout=0)) is not None:
+        messages.append(msg)
+    return messages, errors

@@ -211,7 +211,7 @@ def tcp_input(rng: random.Random) -> bytes:
 
 QUERY = {"topic": [None, "", "t", "bad!", "gone", "abc%0A", "a" * 65],
          "channel": [None, "", "ch", "bad!", "gone"],
-         "defer": [None, "10", "-1", "x", "3600001"],
+         "defer": [None, "10", "-1", "x", "3600001", "+5", "%205", "1_0", ""],
          "binary": [None, "true", "false", "1", "maybe"],
          "format": [None, "json", "text", "x"]}
 PATHS = ["/ping", "/info", "/pub", "/mpub", "/stats", "/topic/create", "/topic/delete",

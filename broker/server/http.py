@@ -12,6 +12,7 @@ are not browsers (curl, NSQ's libraries) send neither header and are served.
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from typing import Awaitable, Callable
@@ -29,6 +30,7 @@ from .wire import parse_mpub
 
 _SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 _BOOL = {"true": True, "1": True, "false": False, "0": False}
+_GO_INT = re.compile(r"[+-]?[0-9]+")      # what nsqd's strconv.ParseInt accepts
 
 
 class HttpError(Exception):
@@ -189,10 +191,9 @@ class HttpApi:
         defer_ms = 0
         defer = request.query.get("defer")
         if defer is not None:
-            try:
-                defer_ms = int(defer)
-            except ValueError:
-                raise HttpError(400, "INVALID_DEFER") from None
+            if not _GO_INT.fullmatch(defer):
+                raise HttpError(400, "INVALID_DEFER")
+            defer_ms = int(defer)
             try:
                 self.broker.check_delay(defer_ms, "DPUB defer")
             except BrokerError:

@@ -311,6 +311,8 @@ class V2Connection(asyncio.Protocol):
         except Invalid as err:
             err.message = f"SUB {err.message}"
             raise
+        if self.write_paused:        # its socket is already full (it RDYs before reading)
+            self.consumer.block()
         self.send(OK)
         return pos
 
