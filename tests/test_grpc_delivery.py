@@ -65,7 +65,7 @@ def test_consumer_holds_no_more_than_its_rdy_until_it_fins(client):
 
 
 def test_timed_out_message_is_redelivered_with_higher_attempts(client):
-    with client.subscribe("events", "work", rdy=1, msg_timeout_ms=100) as sub:
+    with client.subscribe("events", "work", rdy=1, msg_timeout_ms=1000) as sub:
         msg_id = client.publish("events", "late")
         [(_, first)] = collect([sub], 1, fin=False)
         [(_, again)] = collect([sub], 1)
