@@ -8,14 +8,14 @@ INSTALLED := $(VENV)/.installed
 
 .PHONY: demo test bench protos check-python check-java clean
 
-demo: $(INSTALLED) check-java
+demo: check-java $(INSTALLED)
 	$(BIN)/python examples/demo.py
 
-test: $(INSTALLED) check-java
+test: check-java $(INSTALLED)
 	$(BIN)/python -m pytest -q
 
 # Benchmarks: one table of ratios against same-run baselines (BENCH_ARGS=--quick for a short run).
-bench: $(INSTALLED) check-java
+bench: check-java $(INSTALLED)
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 # Regenerate the gRPC stubs in broker/api/ from protos/ (commit the result).
