@@ -46,6 +46,10 @@ from .options import OptionError, _check_unknown, _int, _lower, parse_addresses,
 
 BODY, TOPIC, DEFER = "body", "topic", "defer_ms"
 DEFAULT_BATCH_SIZE = 500
+# An MPUB is also cut before its bodies pass this many bytes, under the broker's
+# --max-body-size (nsqd's default: 5 MiB), so large rows never make a request the
+# broker refuses. The cut depends only on the rows, so a replay names the same requests.
+MAX_REQUEST_BYTES = 4 << 20
 
 
 class PublishError(ValueError):
@@ -117,6 +121,7 @@ class PartitionPublisher:
         self.published = 0
         self.row = 0
         self._pending: dict[str, tuple[list[bytes], list[int]]] = {}
+        self._pending_bytes: dict[str, int] = {}
 
     def add(self, body: bytes | str | None, topic: str | None = None,
             defer_ms: int | None = None) -> None:
@@ -135,14 +140,19 @@ class PartitionPublisher:
         if not topic:
             raise PublishError(f"{self.where}, row {row}: column 'topic' is null and no "
                                f"topic option was given")
+        pending = self._pending.get(topic)
+        if pending and self._pending_bytes[topic] + len(body) > MAX_REQUEST_BYTES:
+            self._flush(topic)
         bodies, defers = self._pending.setdefault(topic, ([], []))
         bodies.append(body)
         defers.append(int(defer_ms or 0))
+        self._pending_bytes[topic] = self._pending_bytes.get(topic, 0) + len(body)
         if len(bodies) >= self.batch_size:
             self._flush(topic)
 
     def _flush(self, topic: str) -> None:
         bodies, defers = self._pending.pop(topic)
+        self._pending_bytes.pop(topic, None)
         # Each request's sequence is its position in this partition's output, so a
         # replay of the same rows names the same requests.
         self.client.multi_publish(topic, bodies, defer_ms=defers if any(defers) else (),
