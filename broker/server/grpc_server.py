@@ -361,16 +361,24 @@ def _topic_stats(t) -> pb.TopicStats:
             for c in t.channels])
 
 
-async def start_grpc_server(broker: Broker, address: str) -> tuple[grpc.aio.Server, str]:
-    """Serve ``broker`` on ``address`` (port 0 picks a free one); return the bound address."""
+async def start_grpc_server(broker: Broker, address: str,
+                            security=None) -> tuple[grpc.aio.Server, str]:
+    """Serve ``broker`` on ``address`` (port 0 picks a free one); return the bound address.
+
+    With ``security`` (``broker/security``): TLS when a certificate is configured,
+    mutual TLS when client certificates are required, and NSQ's auth on every call.
+    """
+    from ..security.grpc_auth import interceptors
     host, _, port = address.rpartition(":")
-    server = grpc.aio.server(options=[
+    credentials = security.grpc_credentials() if security is not None else None
+    server = grpc.aio.server(interceptors=interceptors(broker, security), options=[
         ("grpc.so_reuseport", 0),
         ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),
         ("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
     ])
     try:
-        bound_port = server.add_insecure_port(f"{host}:{port}")
+        bound_port = (server.add_secure_port(f"{host}:{port}", credentials) if credentials
+                      else server.add_insecure_port(f"{host}:{port}"))
     except RuntimeError:
         bound_port = 0
     if bound_port == 0:

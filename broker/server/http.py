@@ -26,10 +26,19 @@ def _error(status: int, message: str) -> web.Response:
 
 
 class HttpApi:
-    def __init__(self, broker: Broker, addresses: dict[str, str]) -> None:
+    def __init__(self, broker: Broker, addresses: dict[str, str], security=None,
+                 tls: bool = False) -> None:
         self.broker = broker
         self.addresses = addresses  # filled in as servers bind: grpc, tcp, http
-        self.app = web.Application(client_max_size=max(5 << 20, broker.options.max_msg_size * 5))
+        self.security, self.tls = security, tls  # broker/security: HTTPS, TLS policy, auth
+        middlewares = []
+        if security is not None:
+            from ..security.http_auth import security_middleware
+            middlewares.append(security_middleware(
+                security, tls=tls,
+                https_port=lambda: int(addresses.get("https", ":0").rpartition(":")[2] or 0)))
+        self.app = web.Application(client_max_size=max(5 << 20, broker.options.max_msg_size * 5),
+                                   middlewares=middlewares)
         r = self.app.router
         r.add_get("/ping", self.ping)
         r.add_get("/info", self.info)
@@ -166,7 +175,8 @@ class HttpApi:
         host, _, port = address.rpartition(":")
         self.runner = web.AppRunner(self.app, access_log=None)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host, int(port), reuse_address=True)
+        site = web.TCPSite(self.runner, host, int(port), reuse_address=True,
+                           ssl_context=self.security.tls_context if self.tls else None)
         try:
             await site.start()
         except OSError as err:

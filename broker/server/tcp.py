@@ -8,8 +8,11 @@ answers with frames ``[size][type][data]`` (big-endian; type 0 response,
 
 Supported: IDENTIFY (with ``feature_negotiation``; heartbeats, ``msg_timeout``,
 output buffer settings), SUB, PUB, MPUB, DPUB, RDY, FIN, REQ, TOUCH, CLS, NOP.
-Declined in the IDENTIFY reply: TLS, snappy and deflate. AUTH answers
-``E_AUTH_DISABLED``. As in nsqd, FIN/REQ/TOUCH failures are reported and the
+With a certificate configured, IDENTIFY with ``tls_v1`` upgrades the connection
+to TLS, as nsqd does; with auth servers configured, ``auth_required`` is set,
+AUTH asks them, and PUB/MPUB/DPUB/SUB are checked (``broker/security``).
+Declined in the IDENTIFY reply: snappy and deflate. Without auth servers AUTH
+answers ``E_AUTH_DISABLED``. As in nsqd, FIN/REQ/TOUCH failures are reported and the
 connection stays open; other errors are sent and the connection is closed.
 Output is written once per event-loop pass, however many frames are pending.
 """
@@ -28,6 +31,8 @@ from ..consumer import Consumer
 from ..core import Broker
 from ..errors import BrokerError, InvalidChannel, InvalidTopic, MessageTooBig, NotInFlight
 from ..message import Message
+from ..security.auth import AuthError
+from ..security.guard import Security
 
 log = logging.getLogger("pynsqd")
 
@@ -63,6 +68,15 @@ class _NeedMore(Exception):
     """The buffer ends inside a command."""
 
 
+class _Wait(Exception):
+    """A command needs the loop (TLS handshake, asking the auth server): reading stops
+    until ``work`` is done, then resumes at ``resume`` (None: run the command again)."""
+
+    def __init__(self, work, resume: int | None = None) -> None:
+        self.work = work
+        self.resume = resume
+
+
 class V2Connection(asyncio.Protocol):
     def __init__(self, broker: Broker, server: "TcpServer") -> None:
         self.broker = broker
@@ -81,6 +95,10 @@ class V2Connection(asyncio.Protocol):
         self.last_read = time.monotonic()
         self._heartbeat: asyncio.TimerHandle | None = None
         self.loop = asyncio.get_running_loop()
+        # -- security: TLS after IDENTIFY, NSQ's auth --
+        self.tls = False
+        self.auth = None
+        self._waiting: asyncio.Future | None = None
 
     # -- asyncio ----------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -90,6 +108,8 @@ class V2Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = transport.get_extra_info("peername")
         self.client_id = f"{peer[0]}:{peer[1]}" if peer else "tcp"
+        if self.server.security is not None:
+            self.auth = self.server.security.client_auth(peer[0] if peer else "")
         self.server.connections.add(self)
         self._schedule_heartbeat()
 
@@ -98,6 +118,8 @@ class V2Connection(asyncio.Protocol):
         self.server.connections.discard(self)
         if self._heartbeat is not None:
             self._heartbeat.cancel()
+        if self._waiting is not None:
+            self._waiting.cancel()
         if self.consumer is not None and self.channel is not None and not self.channel.deleted:
             self.channel.remove_consumer(self.consumer)
         self.consumer = None
@@ -160,6 +182,8 @@ class V2Connection(asyncio.Protocol):
 
     # -- parsing ----------------------------------------------------------
     def _process(self) -> None:
+        if self._waiting is not None:
+            return  # the rest is read when the command waiting on the loop is done
         buf = self.buf
         if not self.magic_seen:
             if len(buf) < 4:
@@ -186,10 +210,86 @@ class V2Connection(asyncio.Protocol):
                         raise
                     self._error(err)  # FIN/REQ/TOUCH of a message not held: go on
                     pos = end + 1
+                except _Wait as wait:
+                    pos = pos if wait.resume is None else wait.resume
+                    self._waiting = asyncio.ensure_future(self._wait_then_go_on(wait.work))
+                    break
         except _NeedMore:
             pass
         finally:
             del buf[:pos]
+
+    async def _wait_then_go_on(self, work) -> None:
+        try:
+            await work
+        except AuthError as err:
+            self._waiting = None
+            self._error(ProtocolError(err.code, str(err)))
+            return
+        except ProtocolError as err:
+            self._waiting = None
+            self._error(err)
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            log.info("TCP client %s: %s; closing", self.client_id, err)
+            self._waiting = None
+            self._close()
+            return
+        self._waiting = None
+        if not self.closing:
+            try:
+                self._process()
+            except ProtocolError as err:
+                self._error(err)
+
+    # -- security (broker/security): TLS upgrade, AUTH, one check per PUB/SUB --
+    def _tls_policy(self, name: bytes) -> None:
+        security = self.server.security
+        if name != b"IDENTIFY" and security is not None and security.tcp_tls_required() \
+                and not self.tls:
+            raise ProtocolError("E_INVALID", f"cannot {name.decode(errors='replace')} in "
+                                f"current state (TLS required)")
+
+    async def _upgrade_tls(self) -> None:
+        self._flush()  # the IDENTIFY answer goes out in plain text, then the handshake
+        transport = await self.loop.start_tls(self.transport, self,
+                                              self.server.security.tls_context,
+                                              server_side=True, ssl_handshake_timeout=5)
+        self.transport = transport
+        self.tls = True
+        if self.auth is not None:
+            from ..security.tls import peer_common_name
+            self.auth.tls = True
+            self.auth.common_name = peer_common_name(transport.get_extra_info("ssl_object"))
+        self.send(OK)
+
+    def _auth(self, body: bytes) -> None:
+        if self.consumer is not None:
+            raise ProtocolError("E_INVALID", "cannot AUTH in current state")
+        if not body:
+            raise ProtocolError("E_BAD_BODY", "AUTH invalid body size 0")
+        if self.auth is not None and self.auth.secret is not None:
+            raise ProtocolError("E_INVALID", "AUTH already set")
+        if self.auth is None:
+            raise ProtocolError("E_AUTH_DISABLED", "AUTH disabled")
+
+        async def auth() -> None:
+            await self.auth.auth(body.decode(errors="replace"))
+            self.send(frame(FRAME_RESPONSE, self.auth.reply()))
+
+        raise _Wait(auth())
+
+    def _check_auth(self, command: str, topic: str, channel: str = "") -> None:
+        if self.auth is None:
+            return
+        if self.auth.needs_query():
+            raise _Wait(self.auth.refresh())  # the ttl ran out: ask again, then run it again
+        try:
+            self.auth.check(command, topic, channel)
+        except AuthError as err:
+            raise ProtocolError(err.code, str(err))
 
     def _body(self, start: int) -> tuple[bytes, int]:
         """The size-prefixed body at ``start``; raises _NeedMore until it is all here."""
@@ -208,6 +308,8 @@ class V2Connection(asyncio.Protocol):
         parts = line.split(b" ")
         name = parts[0]
         args = [p.decode(errors="replace") for p in parts[1:]]
+        if name:
+            self._tls_policy(name)
         if name == b"FIN":
             self._fin(args)
         elif name == b"RDY":
@@ -231,7 +333,11 @@ class V2Connection(asyncio.Protocol):
             self._sub(args)
         elif name == b"IDENTIFY":
             body, after = self._body(after)
-            self._identify(body)
+            try:
+                self._identify(body)
+            except _Wait as wait:  # the TLS upgrade: the next command comes after it
+                wait.resume = after
+                raise
         elif name == b"CLS":
             if self.consumer is None:
                 raise ProtocolError("E_INVALID", "cannot CLS in current state")
@@ -239,7 +345,11 @@ class V2Connection(asyncio.Protocol):
             self.send(CLOSE_WAIT)
         elif name == b"AUTH":
             body, after = self._body(after)
-            raise ProtocolError("E_AUTH_DISABLED", "AUTH disabled")
+            try:
+                self._auth(body)
+            except _Wait as wait:
+                wait.resume = after
+                raise
         elif not name:
             pass
         else:
@@ -255,6 +365,9 @@ class V2Connection(asyncio.Protocol):
         except ValueError as err:
             raise ProtocolError("E_BAD_BODY", f"IDENTIFY failed to decode JSON body: {err}")
         opts = self.broker.options
+        security = self.server.security
+        tls_v1 = bool(data.get("tls_v1")) and security is not None \
+            and security.tls_context is not None and not self.tls
         self.client_id = str(data.get("client_id") or self.client_id)
         try:
             heartbeat = int(data.get("heartbeat_interval", 0) or 0)
@@ -281,10 +394,13 @@ class V2Connection(asyncio.Protocol):
             "max_rdy_count": opts.max_rdy_count, "version": __version__,
             "max_msg_timeout": opts.max_msg_timeout,
             "msg_timeout": msg_timeout or opts.msg_timeout,
-            "tls_v1": False, "deflate": False, "deflate_level": 0, "max_deflate_level": 0,
-            "snappy": False, "sample_rate": 0, "auth_required": False,
+            "tls_v1": tls_v1, "deflate": False, "deflate_level": 0, "max_deflate_level": 0,
+            "snappy": False, "sample_rate": 0,
+            "auth_required": security is not None and security.auth_required,
             "output_buffer_size": buffer_size, "output_buffer_timeout": buffer_timeout,
         }).encode()))
+        if tls_v1:
+            raise _Wait(self._upgrade_tls())
 
     def _sub(self, args: list[str]) -> None:
         if self.consumer is not None:
@@ -292,6 +408,7 @@ class V2Connection(asyncio.Protocol):
         if len(args) < 2:
             raise ProtocolError("E_INVALID", "SUB insufficient number of parameters")
         topic, channel = args[0], args[1]
+        self._check_auth("SUB", topic, channel)
         consumer = Consumer(self._on_message, client_id=self.client_id,
                             msg_timeout=self.broker.msg_timeout(self.msg_timeout_ms))
         consumer.on_evicted = self._evicted
@@ -386,6 +503,7 @@ class V2Connection(asyncio.Protocol):
         if not args:
             raise ProtocolError("E_INVALID", f"{name} insufficient number of parameters")
         topic = args[0]
+        self._check_auth(name, topic)
         try:
             self.broker.multi_publish(topic, bodies, defer_ms=[defer_ms] * len(bodies)
                                       if defer_ms else ())
@@ -402,8 +520,9 @@ class V2Connection(asyncio.Protocol):
 class TcpServer:
     """Accepts V2 connections on an address; ``close`` stops it."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, security: Security | None = None) -> None:
         self.broker = broker
+        self.security = security
         self.connections: set[V2Connection] = set()
         self.server: asyncio.AbstractServer | None = None
         # An MPUB may carry many messages; bound it as nsqd's --max-body-size does.
