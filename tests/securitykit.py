@@ -1,12 +1,19 @@
-"""Certificates made per test session with trustme: a CA that signs the broker's
-certificate (for 127.0.0.1 and localhost) and a client's, and a second CA nobody
-trusts."""
+"""Certificates made per test session with trustme (a CA that signs the broker's
+certificate, for 127.0.0.1 and localhost, and a client's; a second CA nobody
+trusts), a V2 client that can upgrade to TLS, and an HTTP(S) helper."""
 
 from __future__ import annotations
 
+import json
+import socket
+import ssl
+import struct
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import trustme
 
 CLIENT_NAME = "spark-executor"
@@ -48,3 +55,67 @@ def make_certs(directory: Path) -> Certs:
                  paths["client.key"], paths["rogue-ca.pem"], paths["rogue-client.pem"],
                  paths["rogue-client.key"], paths["rogue-server.pem"], paths["rogue-server.key"])
 
+
+
+class Raw:
+    """A hand-written V2 client that can upgrade to TLS after IDENTIFY."""
+
+    def __init__(self, address: str) -> None:
+        host, port = address.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.sock.sendall(b"  V2")
+
+    def send(self, line: str, body: bytes | None = None) -> None:
+        data = line.encode() + b"\n"
+        if body is not None:
+            data += struct.pack(">i", len(body)) + body
+        self.sock.sendall(data)
+
+    def _read(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("closed")
+            data += chunk
+        return data
+
+    def frame(self) -> tuple[int, bytes]:
+        size = struct.unpack(">i", self._read(4))[0]
+        data = self._read(size)
+        return struct.unpack(">i", data[:4])[0], data[4:]
+
+    def identify(self, **fields) -> dict:
+        self.send("IDENTIFY", json.dumps({"feature_negotiation": True, **fields}).encode())
+        kind, data = self.frame()
+        assert kind == 0, data
+        return json.loads(data)
+
+    def upgrade(self, ca: str, cert: str | None = None, key: str | None = None) -> None:
+        ctx = ssl.create_default_context(cafile=ca)
+        if cert:
+            ctx.load_cert_chain(cert, key)
+        self.sock = ctx.wrap_socket(self.sock, server_hostname="127.0.0.1")
+        assert self.frame() == (0, b"OK")
+
+    def error_then_closed(self) -> bytes:
+        kind, data = self.frame()
+        assert kind == 1, data
+        with pytest.raises((ConnectionError, OSError)):
+            self.frame()
+        return data
+
+
+def http(broker, path: str, secret: str | None = None, body: bytes | None = None,
+         ca: str | None = None, address: str | None = None) -> tuple[int, bytes]:
+    scheme = "https" if ca else "http"
+    request = urllib.request.Request(f"{scheme}://{address or broker.http_address}{path}",
+                                     data=body, method="POST" if body is not None else "GET")
+    if secret:
+        request.add_header("Authorization", f"Bearer {secret}")
+    context = ssl.create_default_context(cafile=ca) if ca else None
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as reply_:
+            return reply_.status, reply_.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()

@@ -155,3 +155,21 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def exposure_warnings(options: "Options") -> list[str]:
+    """What a daemon should warn of at start: listeners others can reach, in plain
+    text or open to anyone."""
+    listeners = {"grpc-address": options.grpc_address, "tcp-address": options.tcp_address,
+                 "http-address": options.http_address, "https-address": options.https_address}
+    exposed = [f"--{flag} {address}" for flag, address in listeners.items()
+               if address and not is_loopback(address)]
+    if not exposed:
+        return []
+    missing = []
+    if not options.tls_cert:
+        missing.append("without TLS (--tls-cert/--tls-key): traffic is plain text")
+    if not options.auth_http_addresses:
+        missing.append("without auth (--auth-http-address): anyone who connects may "
+                       "publish, consume, empty or delete")
+    return [f"listening beyond loopback ({', '.join(exposed)}) {m}" for m in missing]
