@@ -323,3 +323,29 @@ def test_client_certificate_common_name_reaches_the_auth_server(certs):
         assert [(q["tls"], q["common_name"]) for q in auth.queries] == \
             [("true", CLIENT_NAME)] * len(auth.queries)
         assert auth.queries
+
+
+def test_tcp_asks_again_when_the_ttl_runs_out_and_a_revoked_secret_is_refused():
+    now = [1000.0]
+    secrets = {"rotating": reply(publish=".*", ttl=60)}
+    with AuthServer(secrets) as auth, \
+            EmbeddedBroker(auth_http_addresses=[auth.address]) as b:
+        b.app.security.authenticator.clock = lambda: now[0]
+        raw, other = Raw(b.tcp_address), Raw(b.tcp_address)
+        for conn in (raw, other):
+            conn.identify()
+        raw.send("AUTH", b"rotating")
+        assert raw.frame()[0] == 0
+        now[0] += 61
+        raw.send("PUB t", b"asked again, still valid")
+        assert raw.frame() == (0, b"OK")
+        del secrets["rotating"]             # revoked at the auth server
+        raw.send("PUB t", b"cached answer")
+        assert raw.frame() == (0, b"OK")    # within the ttl: not asked again
+        now[0] += 61
+        raw.send("PUB t", b"asked again, revoked")
+        assert raw.error_then_closed() == b"E_AUTH_FAILED AUTH failed"
+        assert len(auth.queries) == 3
+        other.send("PUB t", b"x")
+        assert other.error_then_closed().startswith(b"E_AUTH_FIRST")
+        assert b.call(lambda: b.broker.topic("t").message_count) == 2
