@@ -48,7 +48,8 @@ def fetch_slice(part) -> Iterator[pa.RecordBatch]:
     channel (the planning driver went away, or the lease timed out) and a later
     batch reads them.
     """
-    client = Client(part.address, timeout=part.timeout_s)
+    client = Client(part.address, timeout=part.timeout_s,
+                    **(part.security.client_kwargs() if part.security else {}))
     request = pb.FetchLeaseRequest(lease_id=part.lease_id, partition=part.partition,
                                    num_partitions=part.num_partitions)
     try:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from broker.names import is_valid_name
+from broker.security.client import SPARK_OPTIONS, ClientSecurity
 
 
 class OptionError(ValueError):
@@ -77,9 +78,10 @@ class ReaderOptions:
     num_partitions: int
     timeout_ms: int
     client_id: str
+    security: ClientSecurity = ClientSecurity()  # TLS files, auth secret (never shown)
 
     NAMES = ("address", "topic", "channel", "maxMessagesPerTrigger", "msgTimeoutMs",
-             "numPartitions", "timeoutMs", "clientId")
+             "numPartitions", "timeoutMs", "clientId", *SPARK_OPTIONS)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "ReaderOptions":
@@ -96,4 +98,13 @@ class ReaderOptions:
             num_partitions=_int(given, "numPartitions", 2),
             timeout_ms=_int(given, "timeoutMs", 10_000, minimum=100),
             client_id=given.get("clientid", ""),
+            security=security_options(given),
         )
+
+
+def security_options(given: dict[str, str]) -> ClientSecurity:
+    """tlsCaFile, tlsCertFile, tlsKeyFile, authSecret (``broker/security/client.py``)."""
+    try:
+        return ClientSecurity.from_options(given)
+    except ValueError as err:
+        raise OptionError(str(err)) from None

@@ -45,6 +45,8 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
                                               SupportsTriggerAvailableNow)
 
+from broker.security.client import ClientSecurity
+
 from .options import ReaderOptions
 from .session import BrokerUnreachable, LeaseKeeper
 
@@ -66,6 +68,7 @@ class LeaseSlice(InputPartition):
     topic: str
     channel: str
     timeout_s: float
+    security: ClientSecurity | None = None  # TLS files, auth secret (never shown)
 
 
 class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -124,7 +127,7 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         n = self.options.num_partitions
         timeout_s = self.options.timeout_ms / 1000
         return [LeaseSlice(lease["address"], lease["lease"], p, n, self.options.topic,
-                           self.options.channel, timeout_s)
+                           self.options.channel, timeout_s, self.options.security)
                 for _, lease in sorted(end.get("leases", {}).items(), key=lambda kv: int(kv[0]))
                 for p in range(n)]
 

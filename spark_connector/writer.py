@@ -37,7 +37,10 @@ from pyspark.sql.types import BinaryType, IntegralType, StringType, StructType
 
 from broker.client import Client
 
-from .options import OptionError, _check_unknown, _int, _lower, parse_addresses, require_name
+from broker.security.client import SPARK_OPTIONS, ClientSecurity
+
+from .options import (OptionError, _check_unknown, _int, _lower, parse_addresses, require_name,
+                      security_options)
 
 BODY, TOPIC, DEFER = "body", "topic", "defer_ms"
 DEFAULT_BATCH_SIZE = 500
@@ -52,8 +55,9 @@ class WriterOptions:
     address: str
     topic: str | None
     batch_size: int
+    security: ClientSecurity = ClientSecurity()  # TLS files, auth secret (never shown)
 
-    NAMES = ("address", "topic", "batchSize")
+    NAMES = ("address", "topic", "batchSize", *SPARK_OPTIONS)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], schema: StructType) -> "WriterOptions":
@@ -69,7 +73,8 @@ class WriterOptions:
             topic = require_name(given, "topic", "topic")
         check_columns(schema, BODY, DEFER if DEFER in schema.names else None,
                       TOPIC if TOPIC in schema.names else None)
-        return cls(addresses[0], topic, _int(given, "batchSize", DEFAULT_BATCH_SIZE))
+        return cls(addresses[0], topic, _int(given, "batchSize", DEFAULT_BATCH_SIZE),
+                   security_options(given))
 
 
 def check_columns(schema: StructType, body: str, defer: str | None, topic: str | None) -> None:
@@ -91,8 +96,8 @@ class PartitionPublisher:
     """Publishes one partition's rows in MPUB batches; runs in an executor."""
 
     def __init__(self, address: str, default_topic: str | None, producer_id: str,
-                 batch_size: int, where: str) -> None:
-        self.client = Client(address)
+                 batch_size: int, where: str, security: ClientSecurity | None = None) -> None:
+        self.client = Client(address, **(security.client_kwargs() if security else {}))
         self.max_size = self.client.info().max_msg_size
         self.default_topic = default_topic
         self.producer_id = producer_id
@@ -157,14 +162,15 @@ class PartitionPublisher:
 
 
 def publish_partition(address: str, topic: str | None, producer: str, batch_size: int,
-                      kind: str, batches: Iterable) -> int:
+                      kind: str, batches: Iterable,
+                      security: ClientSecurity | None = None) -> int:
     """Publish this task's Arrow batches as producer ``producer:PARTITION``."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     partition = ctx.partitionId() if ctx else 0
     publisher = PartitionPublisher(address, topic, f"{producer}:{partition}", batch_size,
-                                   f"{kind} partition {partition}")
+                                   f"{kind} partition {partition}", security)
     try:
         publisher.add_arrow(batches)
         return publisher.finish()
@@ -174,16 +180,20 @@ def publish_partition(address: str, topic: str | None, producer: str, batch_size
 
 def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SIZE,
                  body_column: str = BODY, defer_column: str | None = None,
-                 topic_column: str | None = None):
+                 topic_column: str | None = None, tls_ca: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None,
+                 auth_secret: str | None = None):
     """A ``foreachBatch`` function publishing each micro-batch to ``topic``.
 
     ``body_column`` (BINARY or STRING) is required; ``defer_column`` gives a
     per-row defer in milliseconds; ``topic_column`` overrides ``topic`` per row.
     Each partition publishes from its executor in MPUB batches of
     ``batch_size``. A broker error fails the batch, so Spark retries it; the
-    retry publishes nothing already published.
+    retry publishes nothing already published. ``tls_ca``, ``tls_cert``,
+    ``tls_key`` and ``auth_secret`` are ``broker.Client``'s.
     """
     parse_addresses(address)
+    security = ClientSecurity(tls_ca, tls_cert, tls_key, auth_secret)
     if batch_size < 1:
         raise OptionError(f"batch_size must be at least 1, got {batch_size}")
 
@@ -203,7 +213,7 @@ def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SI
             import pyarrow as pa
 
             published = publish_partition(address, topic, f"{query_id}:{batch_id}", batch_size,
-                                          f"batch {batch_id}", batches)
+                                          f"batch {batch_id}", batches, security)
             yield pa.RecordBatch.from_pydict({"published": [published]})
 
         df.select(*columns).mapInArrow(publish, "published LONG").groupBy().sum().collect()
@@ -230,7 +240,8 @@ class PynsqStreamWriter(DataSourceStreamArrowWriter):
         batch_id = ctx.getLocalProperty("streaming.sql.batchId")
         o = self.options
         return _Count(publish_partition(o.address, o.topic, f"{query_id}:{batch_id}",
-                                        o.batch_size, f"batch {batch_id}", iterator))
+                                        o.batch_size, f"batch {batch_id}", iterator,
+                                        o.security))
 
     def commit(self, messages, batchId: int) -> None:
         pass
@@ -249,4 +260,4 @@ class PynsqBatchWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator) -> WriterCommitMessage:
         o = self.options
         return _Count(publish_partition(o.address, o.topic, f"write-{self.write_id}",
-                                        o.batch_size, "write", iterator))
+                                        o.batch_size, "write", iterator, o.security))

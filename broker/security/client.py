@@ -81,3 +81,52 @@ def client_channel(address: str, options: Sequence[tuple[str, Any]] = (), *,
     if auth_secret:
         channel = grpc.intercept_channel(channel, _SecretInterceptor(auth_secret))
     return channel
+
+
+# -- the Spark source's and writers' options ----------------------------------
+
+SPARK_OPTIONS = ("tlsCaFile", "tlsCertFile", "tlsKeyFile", "authSecret")
+
+
+class ClientSecurity:
+    """TLS files and auth secret a client needs, shipped to Spark executors with the
+    options. The secret is never shown: not in ``repr``, logs, plans or errors."""
+
+    __slots__ = ("tls_ca", "tls_cert", "tls_key", "_secret")
+
+    def __init__(self, tls_ca: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None, auth_secret: str | None = None) -> None:
+        if bool(tls_cert) != bool(tls_key):
+            raise ValueError("options tlsCertFile and tlsKeyFile go together: give both "
+                             "or neither")
+        self.tls_ca, self.tls_cert, self.tls_key = tls_ca or None, tls_cert or None, \
+            tls_key or None
+        self._secret = auth_secret or None
+
+    @classmethod
+    def from_options(cls, given: dict[str, str]) -> "ClientSecurity":
+        """From Spark options whose names were lowered (``tlscafile``, ...)."""
+        return cls(given.get("tlscafile"), given.get("tlscertfile"), given.get("tlskeyfile"),
+                   given.get("authsecret"))
+
+    def client_kwargs(self) -> dict[str, str | None]:
+        """Keyword arguments of ``broker.Client``."""
+        return {"tls_ca": self.tls_ca, "tls_cert": self.tls_cert, "tls_key": self.tls_key,
+                "auth_secret": self._secret}
+
+    def __getstate__(self) -> tuple:
+        return (self.tls_ca, self.tls_cert, self.tls_key, self._secret)
+
+    def __setstate__(self, state: tuple) -> None:
+        self.tls_ca, self.tls_cert, self.tls_key, self._secret = state
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ClientSecurity) and self.__getstate__() == other.__getstate__()
+
+    def __hash__(self) -> int:
+        return hash(self.__getstate__())
+
+    def __repr__(self) -> str:
+        secret = "'***'" if self._secret else "None"
+        return (f"ClientSecurity(tls_ca={self.tls_ca!r}, tls_cert={self.tls_cert!r}, "
+                f"tls_key={self.tls_key!r}, auth_secret={secret})")

@@ -45,7 +45,8 @@ def security_middleware(security: Any, *, tls: bool, https_port: Any) -> Any:
             return await handler(request)
         header = request.headers.get("Authorization", "")
         secret = header[len("Bearer "):] if header.startswith("Bearer ") else None
-        ssl_object = request.transport.get_extra_info("ssl_object") if tls else None
+        transport = request.transport if tls else None
+        ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
         client = ClientAuth(security.authenticator, request.remote or "", tls=tls,
                             common_name=peer_common_name(ssl_object), secret=secret)
         try:
