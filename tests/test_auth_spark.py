@@ -4,6 +4,12 @@ and the secret shows in no plan and no error."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from pyspark.errors.exceptions.captured import StreamingQueryException
 
@@ -14,6 +20,7 @@ from .grpckit import collect
 from .securitykit import make_certs
 
 SECRET = "spark-s3cret-value"
+DRIVER = Path(__file__).parent / "drivers" / "stream_to_file.py"
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +73,25 @@ def test_a_wrong_secret_fails_the_query_without_showing_the_secret(spark, secure
         query.awaitTermination(120)
     assert "E_AUTH_FAILED" in str(caught.value)
     assert wrong not in str(caught.value)
+
+
+def test_local_cluster_executors_read_over_tls_with_auth(secure, tmp_path):
+    broker, certs = secure
+    with Client(broker.address, tls_ca=certs.ca, auth_secret=SECRET, timeout=10) as c:
+        c.admin("channel", "create", "sp-cluster", "spark")
+        published = set(c.multi_publish("sp-cluster", [f"c{i}".encode() for i in range(400)]))
+    out = tmp_path / "ids.txt"
+    driver = subprocess.Popen(
+        [sys.executable, str(DRIVER), "--master", "local-cluster[2,1,1024]",
+         "--address", broker.address, "--topic", "sp-cluster", "--channel", "spark",
+         "--checkpoint", str(tmp_path / "ck"), "--out", str(out), "--num-partitions", "4",
+         "--available-now", "--option", f"tlsCaFile={certs.ca}",
+         "--option", f"authSecret={SECRET}"],
+        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert driver.wait(600) == 0, driver.stderr.read().decode()[-3000:]
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    ids = out.read_text().split()
+    assert len(ids) == len(published) and set(ids) == published

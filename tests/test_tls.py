@@ -178,3 +178,14 @@ def test_listening_beyond_loopback_without_tls_or_auth_is_warned_of(certs):
     assert exposure_warnings(Options(
         grpc_address="10.0.0.1:4170", tls_cert=certs.server_cert, tls_key=certs.server_key,
         auth_http_addresses=["127.0.0.1:4181"])) == []
+
+
+def test_pynsqd_flags_take_auth_http_address_more_than_once():
+    from broker.daemon import build_parser, options_from_args
+
+    args = build_parser().parse_args(["--auth-http-address", "127.0.0.1:4181",
+                                      "--auth-http-address", "http://127.0.0.1:4182/auth",
+                                      "--auth-http-request-method", "POST"])
+    options = options_from_args(args)
+    assert options.auth_http_addresses == ["127.0.0.1:4181", "http://127.0.0.1:4182/auth"]
+    assert options.auth_http_request_method == "post"
