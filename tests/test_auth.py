@@ -18,8 +18,8 @@ import pytest
 from broker import Client, ClientError, EmbeddedBroker
 from broker import columns
 from broker.api import broker_pb2 as pb
-from broker.security.auth import (Authenticator, AuthFailed, Identity, InvalidAuthReply,
-                                  parse_reply)
+from broker.security.auth import (AuthError, Authenticator, AuthFailed, Identity,
+                                  InvalidAuthReply, parse_reply)
 
 from .authserver import AuthServer, reply
 from .securitykit import CLIENT_NAME, Raw, http, make_certs
@@ -201,6 +201,8 @@ def test_grpc_refusals_carry_nsqds_code_and_status(secure, certs):
             with pytest.raises(ClientError) as err:
                 act()
             assert err.value.status == status and str(err.value).startswith(code), (secret, call)
+            # the code also comes as pynsq-error-code, so the client raises the auth error
+            assert isinstance(err.value, AuthError) and err.value.code == code, (secret, call)
         published.append(good.publish("sec-g", f"m{len(published)}"))
         c.close()
     assert good.ping() == "OK"
