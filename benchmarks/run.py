@@ -17,12 +17,14 @@ import sys
 import time
 from pathlib import Path
 
-from . import durability, grpc_throughput, nsq_bench, scaling, tcp_throughput
+from . import durability, grpc_throughput, nsq_bench, scaling, tcp_throughput, tls_throughput
 
 FULL = {"grpc": 200_000, "tcp": 400_000, "spark": 1_000_000, "durable": 200_000,
-        "queued": 1_000_000, "latency": 3000, "nsq_runfor": "10s", "scaling": 50_000}
+        "queued": 1_000_000, "latency": 3000, "nsq_runfor": "10s", "scaling": 50_000,
+        "tls": 200_000}
 QUICK = {"grpc": 20_000, "tcp": 40_000, "spark": 50_000, "durable": 20_000,
-         "queued": 50_000, "latency": 500, "nsq_runfor": "2s", "scaling": 5_000}
+         "queued": 50_000, "latency": 500, "nsq_runfor": "2s", "scaling": 5_000,
+         "tls": 20_000}
 
 
 def row(name: str, value: float, unit: str, baseline: float | None, goal: str) -> dict:
@@ -80,6 +82,17 @@ def scaling_rows(sizes: dict) -> list[dict]:
     return rows
 
 
+def tls_rows(sizes: dict) -> list[dict]:
+    """Throughput with TLS on ÷ plain text, both brokers in the same run."""
+    r = tls_throughput.run(sizes["tls"])
+    return [row(f"TLS: {name} (÷ plain text)", r["tls"][f"{key}_msgs_per_s"], "msgs/s",
+                r["plain"][f"{key}_msgs_per_s"], "ratio >= 0.5")
+            for name, key in (("gRPC MPUB 100x100B", "grpc_publish"),
+                              ("gRPC consume RDY 1000 + FIN", "grpc_consume"),
+                              ("TCP V2 MPUB 200x100B", "tcp_publish"),
+                              ("TCP V2 consume RDY 2500 + FIN", "tcp_consume"))]
+
+
 def collect(quick: bool) -> list[dict]:
     sizes = QUICK if quick else FULL
     g = grpc_throughput.run(sizes["grpc"], sizes["latency"])
@@ -112,6 +125,7 @@ def collect(quick: bool) -> list[dict]:
             d["memory"]["consume_msgs_per_s"], "ratio >= 0.8"),
         *nsq_rows(sizes),
         *scaling_rows(sizes),
+        *tls_rows(sizes),
     ]
     return rows
 

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import secrets
 import sys
 
@@ -25,6 +26,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pynsq", description="pynsq command-line client")
     parser.add_argument("--address", default=DEFAULT_GRPC_ADDRESS,
                         help=f"broker gRPC address host:port (default {DEFAULT_GRPC_ADDRESS})")
+    # -- on a network: TLS and NSQ's auth --
+    parser.add_argument("--tls-ca", help="CA certificate that signed the broker's "
+                        "(turns TLS on)")
+    parser.add_argument("--tls-cert", help="client certificate, for mutual TLS")
+    parser.add_argument("--tls-key", help="client private key, for mutual TLS")
+    parser.add_argument("--auth-secret", default=os.environ.get("PYNSQ_AUTH_SECRET"),
+                        help="secret for NSQ's auth (default: $PYNSQ_AUTH_SECRET)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     pub = sub.add_parser("pub", help="publish BODY, or one message per line of stdin")
@@ -109,7 +117,8 @@ def cmd_stats(client: Client, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    client = Client(args.address)
+    client = Client(args.address, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
+                    tls_key=args.tls_key, auth_secret=args.auth_secret)
     try:
         if args.command == "pub":
             return cmd_pub(client, args)

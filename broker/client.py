@@ -75,19 +75,26 @@ def _translate(err: grpc.RpcError, address: str) -> ClientError:
     return out
 
 
-def open_channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=[
+def open_channel(address: str, **security: str | None) -> grpc.Channel:
+    """``security``: tls_ca, tls_cert, tls_key, auth_secret (``broker/security/client.py``)."""
+    from .security.client import client_channel
+    return client_channel(address, [
         ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),
         ("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
         ("grpc.enable_retries", 0),
-    ])
+    ], **security)
 
 
 class Client:
-    def __init__(self, address: str = DEFAULT_GRPC_ADDRESS, *, timeout: float = 30.0) -> None:
+    def __init__(self, address: str = DEFAULT_GRPC_ADDRESS, *, timeout: float = 30.0,
+                 tls_ca: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None, auth_secret: str | None = None) -> None:
+        """TLS when ``tls_ca`` (the CA that signed the broker's certificate) is given;
+        ``tls_cert``/``tls_key`` for mutual TLS; ``auth_secret`` for NSQ's auth."""
         self.address = address
         self.timeout = timeout
-        self._channel = open_channel(address)
+        self._channel = open_channel(address, tls_ca=tls_ca, tls_cert=tls_cert,
+                                     tls_key=tls_key, auth_secret=auth_secret)
         self.stub = pb_grpc.BrokerStub(self._channel)
 
     def _call(self, method, request, timeout: float | None = None):

@@ -19,7 +19,8 @@ import sys
 
 from . import __version__
 from .app import BrokerApp
-from .options import Options, option_help
+from .options import Options, option_flag, option_help
+from .security.tls import exposure_warnings
 from .storage import DataPathLocked
 
 
@@ -30,12 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pynsqd {__version__}")
     for name, (default, help_text, is_duration) in option_help().items():
         shown = f"{default}ms" if is_duration else default
-        if isinstance(default, tuple):
-            parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None,
-                                action="append",
+        if isinstance(default, tuple):  # repeatable, one value per flag (--auth-http-address)
+            parser.add_argument(option_flag(name), dest=name, default=None, action="append",
                                 help=f"{help_text} (default: none)".replace("%", "%%"))
             continue
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None,
+        parser.add_argument(option_flag(name), dest=name, default=None,
                             type=str if is_duration or isinstance(default, str) else int,
                             help=f"{help_text} (default: {shown!r})".replace("%", "%%"))
     return parser
@@ -68,6 +68,8 @@ def raise_open_file_limit() -> int:
 
 
 async def serve(options: Options) -> None:
+    for warning in exposure_warnings(options):
+        logging.getLogger("pynsqd").warning("%s", warning)
     app = BrokerApp(options)
     await app.start()
     stop = asyncio.Event()

@@ -1,6 +1,8 @@
 """A broker inside the current process, for tests, notebooks and demos.
 
     with EmbeddedBroker() as broker:           # free loopback ports
+                                                # (tls_cert=, tls_key=, auth_http_addresses=
+                                                # [...]: TLS and auth, as pynsqd's flags)
         print(broker.address)                   # gRPC: "127.0.0.1:NNNNN"
         print(broker.tcp_address, broker.http_address)  # NSQ's TCP and HTTP
         ...
@@ -52,6 +54,11 @@ class EmbeddedBroker:
     def http_address(self) -> str:
         """host:port of nsqd's HTTP API."""
         return self.app.http_address
+
+    @property
+    def https_address(self) -> str:
+        """host:port of nsqd's HTTP API over TLS (with ``https_address`` and a certificate)."""
+        return self.app.https_address
 
     @property
     def broker(self) -> Broker:

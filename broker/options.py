@@ -77,6 +77,24 @@ class Options:
                               "HTTP port)")
     statsd_interval: int = _duration(60_000, "time between pushes to statsd")
     statsd_udp_packet_size: int = _opt(508, "largest statsd UDP datagram, in bytes")
+    # -- on a network: TLS and NSQ's auth (broker/security checks these) --
+    https_address: str = _opt("", "host:port of nsqd's HTTP API over TLS; empty: off")
+    tls_cert: str = _opt("", "path to the broker's certificate file (PEM)")
+    tls_key: str = _opt("", "path to the broker's private key file (PEM)")
+    tls_root_ca_file: str = _opt("", "path to the certificate authority file that signs "
+                                 "client certificates")
+    tls_client_auth_policy: str = _opt("", "client certificates: '' (not asked), 'require' "
+                                       "or 'require-verify'")
+    tls_required: str = field(default="false", metadata={
+        "help": "require TLS of clients: true, false, or tcp-https (TCP and HTTPS only)",
+        "loose": True})
+    tls_min_version: str = _opt("tls1.2", "lowest TLS version accepted: tls1.0 ... tls1.3")
+    auth_http_addresses: tuple[str, ...] = field(default=(), metadata={
+        "help": "host:port or full URL of an auth server (repeatable)",
+        "flag": "auth-http-address"})
+    auth_http_request_method: str = _opt("get", "get or post, to query the auth server")
+    http_client_connect_timeout: int = _duration(2_000, "connect timeout towards auth servers")
+    http_client_request_timeout: int = _duration(5_000, "request timeout towards auth servers")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -103,6 +121,8 @@ class Options:
             raise ValueError("msg-timeout must be positive")
         if self.msg_timeout > self.max_msg_timeout:
             raise ValueError("msg-timeout must not exceed max-msg-timeout")
+        from .security.tls import check_options
+        check_options(self)
 
     def replace(self, **changes: Any) -> "Options":
         return dataclasses.replace(self, **changes)
@@ -122,13 +142,14 @@ class Options:
             if name not in known:
                 raise ValueError(f"{path}: unknown option {key!r}")
             default = known[name].default
-            if isinstance(default, tuple):
+            if isinstance(default, tuple):  # repeatable: a list of strings (or one string)
                 if isinstance(value, str):
                     value = [value]
                 if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                     raise ValueError(f"{path}: {key}: expected a list of strings, got {value!r}")
                 value = tuple(value)
-            elif not known[name].metadata.get("duration") and type(value) is not type(default):
+            elif not (known[name].metadata.get("duration") or known[name].metadata.get("loose")) \
+                    and type(value) is not type(default):
                 kind = "a whole number" if isinstance(default, int) else "a string"
                 raise ValueError(f"{path}: {key}: expected {kind}, got {value!r}")
             values[name] = value
@@ -156,3 +177,8 @@ def option_help() -> dict[str, tuple[Any, str, bool]]:
     """name -> (default, help, is_duration), for building command-line flags."""
     return {f.name: (f.default, f.metadata.get("help", ""), bool(f.metadata.get("duration")))
             for f in fields(Options)}
+
+
+def option_flag(name: str) -> str:
+    """The command-line flag of an option (nsqd's name: one ``--auth-http-address`` per value)."""
+    return "--" + Options.__dataclass_fields__[name].metadata.get("flag", name.replace("_", "-"))

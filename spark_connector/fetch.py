@@ -54,7 +54,8 @@ def fetch_slice(part) -> Iterator[pa.RecordBatch]:
     nothing; with ``failOnDataLoss=false`` a lease that ended reads nothing and
     logs why (one asked of the wrong broker instance still fails).
     """
-    client = Client(part.address, timeout=part.timeout_s)
+    client = Client(part.address, timeout=part.timeout_s,
+                    **(part.security.client_kwargs() if part.security else {}))
     try:
         frames = client.fetch_lease(part.lease_id, part.partition, part.num_partitions,
                                     broker_id=part.broker_id,

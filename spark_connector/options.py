@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from broker.names import is_valid_name
+from broker.security.client import SPARK_OPTIONS, ClientSecurity
 
 
 class OptionError(ValueError):
@@ -94,9 +95,11 @@ class ReaderOptions:
     timeout_ms: int
     client_id: str
     fail_on_data_loss: bool = True
+    security: ClientSecurity = ClientSecurity()  # TLS files, auth secret (never shown)
 
     NAMES = ("address", "topic", "channel", "maxMessagesPerTrigger", "maxBytesPerTrigger",
-             "msgTimeoutMs", "numPartitions", "timeoutMs", "clientId", "failOnDataLoss")
+             "msgTimeoutMs", "numPartitions", "timeoutMs", "clientId", "failOnDataLoss",
+             *SPARK_OPTIONS)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "ReaderOptions":
@@ -115,4 +118,13 @@ class ReaderOptions:
             timeout_ms=_int(given, "timeoutMs", 10_000, minimum=100),
             client_id=given.get("clientid", ""),
             fail_on_data_loss=_bool(given, "failOnDataLoss", True),
+            security=security_options(given),
         )
+
+
+def security_options(given: dict[str, str]) -> ClientSecurity:
+    """tlsCaFile, tlsCertFile, tlsKeyFile, authSecret (``broker/security/client.py``)."""
+    try:
+        return ClientSecurity.from_options(given)
+    except ValueError as err:
+        raise OptionError(str(err)) from None

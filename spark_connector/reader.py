@@ -54,6 +54,8 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (ReadLimit, ReadMaxBytes, ReadMaxRows,
                                               SupportsTriggerAvailableNow)
 
+from broker.security.client import ClientSecurity
+
 from .options import ReaderOptions
 from .session import BrokerUnreachable, LeaseKeeper
 
@@ -75,6 +77,7 @@ class LeaseSlice(InputPartition):
     timeout_s: float
     broker_id: str = ""              # the broker instance that made the lease
     fail_on_data_loss: bool = True   # a lease gone fails the task, else reads nothing
+    security: ClientSecurity | None = None  # TLS files, auth secret (never shown)
 
 
 class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -135,7 +138,8 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         o = self.options
         n = o.num_partitions
         return [LeaseSlice(lease["address"], lease["lease"], p, n, o.topic, o.channel,
-                           o.timeout_ms / 1000, lease.get("broker", ""), o.fail_on_data_loss)
+                           o.timeout_ms / 1000, lease.get("broker", ""), o.fail_on_data_loss,
+                           o.security)
                 for _, lease in sorted(end.get("leases", {}).items(), key=lambda kv: int(kv[0]))
                 if lease["lease"] not in gone
                 for p in range(n)]

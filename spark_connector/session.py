@@ -39,7 +39,8 @@ class _BrokerSession:
     def __init__(self, address: str, options: ReaderOptions) -> None:
         self.address = address
         self.options = options
-        self.client = Client(address, timeout=options.timeout_ms / 1000)
+        self.client = Client(address, timeout=options.timeout_ms / 1000,
+                             **options.security.client_kwargs())
         self.session: LeaseSession | None = None
         try:
             self.client.ping(timeout=options.timeout_ms / 1000)

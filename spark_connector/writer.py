@@ -42,7 +42,10 @@ from pyspark.sql.types import BinaryType, IntegralType, StringType, StructType
 
 from broker.client import Client
 
-from .options import OptionError, _check_unknown, _int, _lower, parse_addresses, require_name
+from broker.security.client import SPARK_OPTIONS, ClientSecurity
+
+from .options import (OptionError, _check_unknown, _int, _lower, parse_addresses, require_name,
+                      security_options)
 
 BODY, TOPIC, DEFER = "body", "topic", "defer_ms"
 DEFAULT_BATCH_SIZE = 500
@@ -61,10 +64,11 @@ class WriterOptions:
     address: str
     topic: str | None
     batch_size: int
+    security: ClientSecurity = ClientSecurity()  # TLS files, auth secret (never shown)
 
     producer: str = "sink"
 
-    NAMES = ("address", "topic", "batchSize", "producer")
+    NAMES = ("address", "topic", "batchSize", "producer", *SPARK_OPTIONS)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], schema: StructType) -> "WriterOptions":
@@ -82,7 +86,8 @@ class WriterOptions:
                       TOPIC if TOPIC in schema.names else None)
         producer = given.get("producer", "sink")
         check_producer(producer, "option producer")
-        return cls(addresses[0], topic, _int(given, "batchSize", DEFAULT_BATCH_SIZE), producer)
+        return cls(addresses[0], topic, _int(given, "batchSize", DEFAULT_BATCH_SIZE),
+                   security_options(given), producer)
 
 
 def check_producer(name: str, what: str) -> None:
@@ -110,8 +115,8 @@ class PartitionPublisher:
     """Publishes one partition's rows in MPUB batches; runs in an executor."""
 
     def __init__(self, address: str, default_topic: str | None, producer_id: str,
-                 batch_size: int, where: str) -> None:
-        self.client = Client(address)
+                 batch_size: int, where: str, security: ClientSecurity | None = None) -> None:
+        self.client = Client(address, **(security.client_kwargs() if security else {}))
         self.max_size = self.client.info().max_msg_size
         self.default_topic = default_topic
         self.producer_id = producer_id
@@ -182,14 +187,15 @@ class PartitionPublisher:
 
 
 def publish_partition(address: str, topic: str | None, producer: str, batch_size: int,
-                      kind: str, batches: Iterable) -> int:
+                      kind: str, batches: Iterable,
+                      security: ClientSecurity | None = None) -> int:
     """Publish this task's Arrow batches as producer ``producer:PARTITION``."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     partition = ctx.partitionId() if ctx else 0
     publisher = PartitionPublisher(address, topic, f"{producer}:{partition}", batch_size,
-                                   f"{kind} partition {partition}")
+                                   f"{kind} partition {partition}", security)
     try:
         publisher.add_arrow(batches)
         return publisher.finish()
@@ -199,7 +205,9 @@ def publish_partition(address: str, topic: str | None, producer: str, batch_size
 
 def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SIZE,
                  body_column: str = BODY, defer_column: str | None = None,
-                 topic_column: str | None = None, producer: str | None = None):
+                 topic_column: str | None = None, producer: str | None = None,
+                 tls_ca: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None, auth_secret: str | None = None):
     """A ``foreachBatch`` function publishing each micro-batch to ``topic``.
 
     ``body_column`` (BINARY or STRING) is required; ``defer_column`` gives a
@@ -208,9 +216,11 @@ def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SI
     ``batch_size``. A broker error fails the batch, so Spark retries it; the
     retry publishes nothing already published. ``producer`` names this writer
     for de-duplication (default ``to-<topic>``): give two calls to the same
-    topic in one ``foreachBatch`` different names.
+    topic in one ``foreachBatch`` different names. ``tls_ca``, ``tls_cert``,
+    ``tls_key`` and ``auth_secret`` are ``broker.Client``'s.
     """
     parse_addresses(address)
+    security = ClientSecurity(tls_ca, tls_cert, tls_key, auth_secret)
     if batch_size < 1:
         raise OptionError(f"batch_size must be at least 1, got {batch_size}")
     writer = producer if producer is not None else f"to-{topic}"
@@ -232,7 +242,7 @@ def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SI
             import pyarrow as pa
 
             published = publish_partition(address, topic, f"{query_id}:{writer}:{batch_id}",
-                                          batch_size, f"batch {batch_id}", batches)
+                                          batch_size, f"batch {batch_id}", batches, security)
             yield pa.RecordBatch.from_pydict({"published": [published]})
 
         df.select(*columns).mapInArrow(publish, "published LONG").groupBy().sum().collect()
@@ -261,7 +271,8 @@ class PynsqStreamWriter(DataSourceStreamArrowWriter):
         o = self.options
         return _Count(publish_partition(o.address, o.topic,
                                         f"{query_id}:{o.producer}:{batch_id}",
-                                        o.batch_size, f"batch {batch_id}", iterator))
+                                        o.batch_size, f"batch {batch_id}", iterator,
+                                        o.security))
 
     def commit(self, messages, batchId: int) -> None:
         pass
@@ -280,4 +291,4 @@ class PynsqBatchWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator) -> WriterCommitMessage:
         o = self.options
         return _Count(publish_partition(o.address, o.topic, f"write-{self.write_id}",
-                                        o.batch_size, "write", iterator))
+                                        o.batch_size, "write", iterator, o.security))

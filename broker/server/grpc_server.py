@@ -22,6 +22,7 @@ from ..core import Broker
 from ..errors import (ERROR_CODE_METADATA, BrokerError, ChannelNotFound, Conflict, InvalidRequest,
                       NotFound, NotInFlight, StorageFailed, Unavailable)
 from ..message import Message
+from ..security.auth import AuthError, Unauthorized
 
 log = logging.getLogger("pynsqd")
 
@@ -35,6 +36,10 @@ LEASE_HEARTBEAT_SECONDS = 5.0
 
 def status_of(err: BrokerError) -> grpc.StatusCode:
     """The one mapping of the broker's error families to gRPC status codes."""
+    if isinstance(err, Unauthorized):
+        return grpc.StatusCode.PERMISSION_DENIED
+    if isinstance(err, AuthError):              # no secret, or a secret refused
+        return grpc.StatusCode.UNAUTHENTICATED
     if isinstance(err, NotFound):
         return grpc.StatusCode.NOT_FOUND
     if isinstance(err, (NotInFlight, Conflict)):
@@ -400,17 +405,25 @@ def _topic_stats(t) -> pb.TopicStats:
             for c in t.channels])
 
 
-async def start_grpc_server(broker: Broker, address: str) -> tuple[grpc.aio.Server, str]:
-    """Serve ``broker`` on ``address`` (port 0 picks a free one); return the bound address."""
+async def start_grpc_server(broker: Broker, address: str,
+                            security=None) -> tuple[grpc.aio.Server, str]:
+    """Serve ``broker`` on ``address`` (port 0 picks a free one); return the bound address.
+
+    With ``security`` (``broker/security``): TLS when a certificate is configured,
+    mutual TLS when client certificates are required, and NSQ's auth on every call.
+    """
+    from ..security.grpc_auth import interceptors
     host, _, port = address.rpartition(":")
-    server = grpc.aio.server(options=[
+    credentials = security.grpc_credentials() if security is not None else None
+    server = grpc.aio.server(interceptors=interceptors(broker, security), options=[
         ("grpc.so_reuseport", 0),
         # nsqd's --max-body-size bounds every request; a larger one is refused
         # (RESOURCE_EXHAUSTED) before it is buffered whole.
         ("grpc.max_receive_message_length", broker.options.max_body_size),
     ])
     try:
-        bound_port = server.add_insecure_port(f"{host}:{port}")
+        bound_port = (server.add_secure_port(f"{host}:{port}", credentials) if credentials
+                      else server.add_insecure_port(f"{host}:{port}"))
     except RuntimeError:
         bound_port = 0
     if bound_port == 0:

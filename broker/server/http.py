@@ -26,6 +26,7 @@ from ..errors import (BodyTooBig, BrokerError, ChannelNotFound, InvalidBody, Inv
                       InvalidMessage, InvalidTopic, MessageTooBig, NotFound, StorageFailed,
                       TopicNotFound, Unavailable)
 from ..names import is_valid_name
+from ..security.auth import AuthError, AuthFirst, Unauthorized
 from .wire import parse_mpub
 
 _SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -54,6 +55,9 @@ _HTTP_ERRORS: tuple[tuple[type[BrokerError], int, str], ...] = (
     (NotFound, 404, "NOT_FOUND"),
     (Unavailable, 503, "EXITING"),
     (StorageFailed, 500, "PUB_FAILED"),
+    (AuthFirst, 401, "E_AUTH_FIRST"),
+    (Unauthorized, 403, "E_UNAUTHORIZED"),
+    (AuthError, 401, "E_AUTH_FAILED"),
 )
 
 
@@ -141,11 +145,19 @@ def _topic_and_channel(request: web.Request) -> tuple[str, str]:
 
 
 class HttpApi:
-    def __init__(self, broker: Broker, addresses: dict[str, str]) -> None:
+    def __init__(self, broker: Broker, addresses: dict[str, str], security=None,
+                 tls: bool = False) -> None:
         self.broker = broker
         self.addresses = addresses  # filled in as servers bind: grpc, tcp, http
+        self.security, self.tls = security, tls  # broker/security: HTTPS, TLS policy, auth
+        middlewares = [_nsqd_answers]   # outermost: maps the errors of all below it
+        if security is not None:
+            from ..security.http_auth import security_middleware
+            middlewares.append(security_middleware(
+                security, tls=tls,
+                https_port=lambda: int(addresses.get("https", ":0").rpartition(":")[2] or 0)))
         # Bodies are read with their own limits (below), never whole beyond them.
-        self.app = web.Application(middlewares=[_nsqd_answers],
+        self.app = web.Application(middlewares=middlewares,
                                    client_max_size=broker.options.max_body_size + 1)
         r = self.app.router
         r.add_get("/ping", self.ping)
@@ -287,7 +299,8 @@ class HttpApi:
         # After an early answer (413), read what the client still sends for 1 s at most.
         self.runner = web.AppRunner(self.app, access_log=None, lingering_time=1.0)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host, int(port), reuse_address=True)
+        site = web.TCPSite(self.runner, host, int(port), reuse_address=True,
+                           ssl_context=self.security.tls_context if self.tls else None)
         try:
             await site.start()
         except OSError as err:

@@ -6,8 +6,11 @@ answers with frames ``[size][type][data]``.
 
 Supported: IDENTIFY (with ``feature_negotiation``; heartbeats, ``msg_timeout``,
 output buffer settings), SUB, PUB, MPUB, DPUB, RDY, FIN, REQ, TOUCH, CLS, NOP.
-Declined in the IDENTIFY reply: TLS, snappy and deflate. AUTH answers
-``E_AUTH_DISABLED``. Errors are nsqd's, checked in nsqd's order; fatal ones
+With a certificate configured, IDENTIFY with ``tls_v1`` upgrades the connection
+to TLS, as nsqd does; with auth servers configured, ``auth_required`` is set,
+AUTH asks them, and PUB/MPUB/DPUB/SUB are checked (``broker/security``).
+Declined in the IDENTIFY reply: snappy and deflate. Without auth servers AUTH
+answers ``E_AUTH_DISABLED``. Errors are nsqd's, checked in nsqd's order; fatal ones
 (all but FIN/REQ/TOUCH failures) are sent and the connection is closed. When a
 client closes its side mid-command, it gets the error nsqd gives for the
 truncation.
@@ -35,6 +38,7 @@ from ..errors import (AuthDisabled, BodyTooBig, BrokerError, Invalid, InvalidBod
 from ..message import Message
 from ..names import check_topic_name
 from . import wire
+from ..security.guard import Security
 from .wire import (FRAME_RESPONSE, MAGIC_V2, Incomplete, LineTooLong, base10, error_frame,
                    frame, message_id)
 
@@ -60,6 +64,15 @@ def _json_int(data: dict, key: str) -> int:
     return value
 
 
+class _Wait(Exception):
+    """A command needs the loop (TLS handshake, asking the auth server): reading stops
+    until ``work`` is done, then resumes at ``resume`` (None: run the command again)."""
+
+    def __init__(self, work, resume: int | None = None) -> None:
+        self.work = work
+        self.resume = resume
+
+
 class V2Connection(asyncio.Protocol):
     def __init__(self, broker: Broker, server: "TcpServer") -> None:
         self.broker = broker
@@ -81,6 +94,10 @@ class V2Connection(asyncio.Protocol):
         self._heartbeat: asyncio.TimerHandle | None = None
         self._stuck: asyncio.TimerHandle | None = None
         self.loop = asyncio.get_running_loop()
+        # -- security: TLS after IDENTIFY, NSQ's auth --
+        self.tls = False
+        self.auth = None
+        self._waiting: asyncio.Future | None = None
 
     # -- asyncio ----------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -91,6 +108,8 @@ class V2Connection(asyncio.Protocol):
         self._set_buffer_limits()
         peer = transport.get_extra_info("peername")
         self.client_id = f"{peer[0]}:{peer[1]}" if peer else "tcp"
+        if self.server.security is not None:
+            self.auth = self.server.security.client_auth(peer[0] if peer else "")
         self.server.connections.add(self)
         self._schedule_heartbeat()
 
@@ -100,6 +119,8 @@ class V2Connection(asyncio.Protocol):
         for timer in (self._heartbeat, self._stuck):
             if timer is not None:
                 timer.cancel()
+        if self._waiting is not None:
+            self._waiting.cancel()
         if self.consumer is not None:
             self.consumer.detach()
         self.consumer = None
@@ -203,6 +224,8 @@ class V2Connection(asyncio.Protocol):
     def _process(self, final: bool) -> None:
         """Run every whole command in the buffer. ``final``: the client closed its
         side, so a command cut short gets nsqd's error for what is missing."""
+        if self._waiting is not None:
+            return  # the rest is read when the command waiting on the loop is done
         buf = self.buf
         if not self.magic_seen:
             if len(buf) < 4:
@@ -222,6 +245,10 @@ class V2Connection(asyncio.Protocol):
                 except BrokerError as err:
                     self._error(err)
                     pos = line_end   # only FIN/REQ/TOUCH failures go on; they have no body
+                except _Wait as wait:
+                    pos = pos if wait.resume is None else wait.resume
+                    self._waiting = asyncio.ensure_future(self._wait_then_go_on(wait.work))
+                    break
         except Incomplete as short:
             if final and short.error is not None:
                 self._error(short.error)
@@ -235,8 +262,27 @@ class V2Connection(asyncio.Protocol):
         finally:
             del buf[:pos]
 
+    async def _wait_then_go_on(self, work) -> None:
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except BrokerError as err:   # the auth server's refusal (AuthError) among them
+            self._waiting = None
+            self._error(err)
+            return
+        except Exception as err:
+            log.info("TCP client %s: %s; closing", self.client_id, err)
+            self._waiting = None
+            self._close()
+            return
+        self._waiting = None
+        if not self.closing:
+            self._process(final=False)
+
     def _command(self, params: list[bytes], pos: int) -> int:
         """Run one command; return where the next one starts."""
+        self._tls_policy(params[0])
         handler = _COMMANDS.get(params[0])
         if handler is None:
             raise InvalidRequest(f"invalid command {params[0].decode(errors='replace')}")
@@ -284,15 +330,21 @@ class V2Connection(asyncio.Protocol):
         if not data.get("feature_negotiation"):
             self.send(OK)
             return pos
+        security = self.server.security
+        tls_v1 = bool(data.get("tls_v1")) and security is not None \
+            and security.tls_context is not None and not self.tls
         self.send(frame(FRAME_RESPONSE, json.dumps({
             "max_rdy_count": opts.max_rdy_count, "version": __version__,
             "max_msg_timeout": opts.max_msg_timeout,
             "msg_timeout": msg_timeout or opts.msg_timeout,
-            "tls_v1": False, "deflate": False, "deflate_level": 0, "max_deflate_level": 0,
-            "snappy": False, "sample_rate": 0, "auth_required": False,
+            "tls_v1": tls_v1, "deflate": False, "deflate_level": 0, "max_deflate_level": 0,
+            "snappy": False, "sample_rate": 0,
+            "auth_required": security is not None and security.auth_required,
             "output_buffer_size": self.output_buffer_size,
             "output_buffer_timeout": buffer_timeout or 250,
         }).encode()))
+        if tls_v1:   # the next command comes after the handshake
+            raise _Wait(self._upgrade_tls(), resume=pos)
         return pos
 
     def _sub(self, params: list[bytes], pos: int) -> int:
@@ -303,6 +355,7 @@ class V2Connection(asyncio.Protocol):
         if len(params) < 3:
             raise InvalidRequest("SUB insufficient number of parameters")
         topic, channel = params[1].decode(errors="replace"), params[2].decode(errors="replace")
+        self._check_auth("SUB", topic, channel)
         try:
             self.consumer = Consumer.attach(self.broker, topic, channel, self._on_message,
                                             client_id=self.client_id,
@@ -376,11 +429,13 @@ class V2Connection(asyncio.Protocol):
         topic = self._topic("PUB", params, 2)
         body, pos = wire.read_message(self.buf, pos, "PUB",
                                       max_msg_size=self.broker.options.max_msg_size)
+        self._check_auth("PUB", topic)
         self._publish("PUB", topic, [body], 0)
         return pos
 
     def _mpub(self, params: list[bytes], pos: int) -> int:
         topic = self._topic("MPUB", params, 2)
+        self._check_auth("MPUB", topic)           # as nsqd: before the topic is made
         self.broker.get_or_create_topic(topic)   # as nsqd: the topic exists from here on
         opts = self.broker.options
         size, pos = wire.read_size(self.buf, pos, InvalidBody("MPUB failed to read body size"))
@@ -404,6 +459,7 @@ class V2Connection(asyncio.Protocol):
         self.broker.check_delay(defer_ms, "DPUB timeout")
         body, pos = wire.read_message(self.buf, pos, "DPUB",
                                       max_msg_size=self.broker.options.max_msg_size)
+        self._check_auth("DPUB", topic)
         self._publish("DPUB", topic, [body], defer_ms)
         return pos
 
@@ -434,9 +490,50 @@ class V2Connection(asyncio.Protocol):
             raise InvalidRequest("cannot AUTH in current state")
         if len(params) != 1:
             raise InvalidRequest("AUTH invalid number of parameters")
-        _, pos = wire.read_body(self.buf, pos, "AUTH",
-                                max_size=self.broker.options.max_body_size)
-        raise AuthDisabled("AUTH disabled")
+        body, pos = wire.read_body(self.buf, pos, "AUTH",
+                                   max_size=self.broker.options.max_body_size)
+        auth = self.auth
+        if auth is not None and auth.secret is not None:
+            raise InvalidRequest("AUTH already set")
+        if auth is None:
+            raise AuthDisabled("AUTH disabled")
+
+        async def ask() -> None:
+            await auth.auth(body.decode(errors="replace"))
+            self.send(frame(FRAME_RESPONSE, auth.reply()))
+
+        raise _Wait(ask(), resume=pos)
+
+    # -- security (broker/security): TLS policy and upgrade, one check per PUB/SUB --
+    def _tls_policy(self, name: bytes) -> None:
+        security = self.server.security
+        if name and name != b"IDENTIFY" and security is not None \
+                and security.tcp_tls_required() and not self.tls:
+            raise InvalidRequest(f"cannot {name.decode(errors='replace')} in current state "
+                                 f"(TLS required)")
+
+    async def _upgrade_tls(self) -> None:
+        self._flush()  # the IDENTIFY answer goes out in plain text, then the handshake
+        transport = await self.loop.start_tls(self.transport, self,
+                                              self.server.security.tls_context,
+                                              server_side=True, ssl_handshake_timeout=5)
+        self.transport = transport
+        self.tls = True
+        self._set_buffer_limits()
+        if self.auth is not None:
+            from ..security.tls import peer_common_name
+            self.auth.tls = True
+            self.auth.common_name = peer_common_name(transport.get_extra_info("ssl_object"))
+        self.send(OK)
+
+    def _check_auth(self, command: str, topic: str, channel: str = "") -> None:
+        """Raises the auth server's refusal (an ``AuthError``: E_AUTH_FIRST,
+        E_UNAUTHORIZED), or waits for it to be asked again when the ttl has run out."""
+        if self.auth is None:
+            return
+        if self.auth.needs_query():
+            raise _Wait(self.auth.refresh())  # ask again, then run the command again
+        self.auth.check(command, topic, channel)
 
 
 _COMMANDS: dict[bytes, Callable[[V2Connection, list[bytes], int], int]] = {
@@ -451,8 +548,9 @@ _COMMANDS: dict[bytes, Callable[[V2Connection, list[bytes], int], int]] = {
 class TcpServer:
     """Accepts V2 connections on an address; ``close`` stops it."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, security: Security | None = None) -> None:
         self.broker = broker
+        self.security = security   # TLS and auth (broker/security), or None
         self.connections: set[V2Connection] = set()
         self.server: asyncio.AbstractServer | None = None
         # Most a client may have buffered in one unfinished command.

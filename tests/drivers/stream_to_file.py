@@ -3,7 +3,7 @@ append the ids of every completed micro-batch to a file.
 
     python stream_to_file.py --address A --topic T --channel C --checkpoint DIR --out FILE
         [--master local[2]] [--max-per-trigger N] [--available-now]
-        [--hang-on-batch N --marker FILE]
+        [--hang-on-batch N --marker FILE] [--option KEY=VALUE ...]
 
 With --hang-on-batch, batch N writes the marker file once its rows are read and
 then hangs, so that a test can kill the driver mid-batch.
@@ -27,21 +27,27 @@ def main() -> None:
     parser.add_argument("--available-now", action="store_true")
     parser.add_argument("--hang-on-batch", type=int, default=-1)
     parser.add_argument("--marker", default="")
+    parser.add_argument("--option", action="append", default=[],
+                        help="KEY=VALUE: another option of the source (tlsCaFile, authSecret)")
     args = parser.parse_args()
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master(args.master).appName("pynsq-test-driver")
-             .config("spark.ui.enabled", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-             .getOrCreate())
+    builder = (SparkSession.builder.master(args.master).appName("pynsq-test-driver")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable))
+    if os.environ.get("PYTHONPATH"):  # executors of a cluster import the same code as the driver
+        paths = [os.path.abspath(p) for p in os.environ["PYTHONPATH"].split(os.pathsep) if p]
+        builder = builder.config("spark.executorEnv.PYTHONPATH", os.pathsep.join(paths))
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
 
     reader = (spark.readStream.format("pynsq").option("address", args.address)
               .option("topic", args.topic).option("channel", args.channel)
               .option("numPartitions", args.num_partitions))
+    reader = reader.options(**dict(o.split("=", 1) for o in args.option))
     if args.max_per_trigger:
         reader = reader.option("maxMessagesPerTrigger", args.max_per_trigger)
 

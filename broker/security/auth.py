@@ -1,0 +1,292 @@
+"""NSQ's auth protocol: the broker asks an auth server what a secret may do.
+
+With ``--auth-http-address`` (repeatable; ``host:port`` or a full URL) the broker
+asks one of the servers, starting at a random one and trying the others when one
+fails, ``GET /auth?remote_ip=&tls=&secret=&common_name=`` (``POST`` of the same
+form with ``--auth-http-request-method post``). The answer, nsqd's::
+
+    {"ttl": 3600, "identity": "...", "identity_url": "...",
+     "authorizations": [{"topic": "^events$", "channels": [".*"],
+                         "permissions": ["subscribe", "publish"]}]}
+
+is valid when every permission is ``publish`` or ``subscribe``, every regex
+compiles and ``ttl > 0``; it is then cached for ``ttl`` seconds and asked again
+after. A client may publish to a topic when an authorisation with ``publish``
+has a topic regex found in the topic name and a channel regex found in "" (so
+``.*``), and may subscribe to a channel when one with ``subscribe`` has regexes
+found in both (Go's ``MatchString`` is a search, as ``re.search`` is).
+
+Errors, nsqd's codes: ``AuthFirst`` (E_AUTH_FIRST, no secret given),
+``AuthFailed`` (E_AUTH_FAILED, the auth servers refused the secret or could not
+be asked; the reason is logged, never sent to the client), ``Unauthorized``
+(E_UNAUTHORIZED, valid secret, not for this topic or channel).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..errors import BrokerError
+
+if TYPE_CHECKING:
+    from ..options import Options
+
+log = logging.getLogger("pynsqd")
+
+PERMISSIONS = ("publish", "subscribe")
+
+
+class AuthError(BrokerError):
+    """A client refused by the auth rules; ``code`` is nsqd's."""
+
+    code = "E_AUTH_FAILED"
+
+
+class AuthFirst(AuthError):
+    """No secret was given, and the broker requires one."""
+
+    code = "E_AUTH_FIRST"
+
+
+class AuthFailed(AuthError):
+    """The auth servers did not accept the secret (or could not be asked)."""
+
+    code = "E_AUTH_FAILED"
+
+
+class Unauthorized(AuthError):
+    """The secret is valid but does not allow this topic or channel."""
+
+    code = "E_UNAUTHORIZED"
+
+
+class InvalidAuthReply(ValueError):
+    """An auth server's answer that breaks nsqd's rules."""
+
+
+@dataclass(frozen=True)
+class Authorization:
+    topic: re.Pattern
+    channels: tuple[re.Pattern, ...]
+    permissions: frozenset[str]
+
+    def is_allowed(self, topic: str, channel: str) -> bool:
+        """Publish when ``channel`` is "", else subscribe (nsqd's rule)."""
+        if ("subscribe" if channel else "publish") not in self.permissions:
+            return False
+        if not self.topic.search(topic):
+            return False
+        return any(c.search(channel) for c in self.channels)
+
+
+@dataclass
+class AuthState:
+    """An auth server's answer for one client, good until ``expires`` (clock seconds)."""
+
+    ttl: int
+    authorizations: list[Authorization]
+    identity: str = ""
+    identity_url: str = ""
+    expires: float = 0.0
+
+    def is_allowed(self, topic: str, channel: str = "") -> bool:
+        return any(a.is_allowed(topic, channel) for a in self.authorizations)
+
+    def is_expired(self, now: float) -> bool:
+        return self.expires <= now
+
+
+def parse_reply(data: bytes | str, now: float) -> AuthState:
+    """An auth server's JSON answer, checked as nsqd checks it; InvalidAuthReply if not."""
+    try:
+        doc = json.loads(data)
+    except ValueError as err:
+        raise InvalidAuthReply(f"the answer is not JSON: {err}") from None
+    if not isinstance(doc, dict):
+        raise InvalidAuthReply("the answer is not a JSON object")
+    auths = []
+    for raw in doc.get("authorizations") or []:
+        if not isinstance(raw, dict):
+            raise InvalidAuthReply(f"an authorization is not an object: {raw!r}")
+        perms = raw.get("permissions") or []
+        for p in perms:
+            if p not in PERMISSIONS:
+                raise InvalidAuthReply(f"unknown permission {p}")
+        auths.append(Authorization(_compile(raw.get("topic", ""), "topic"),
+                                   tuple(_compile(c, "channel")
+                                         for c in raw.get("channels") or []),
+                                   frozenset(perms)))
+    ttl = doc.get("ttl", 0)
+    if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl <= 0:
+        raise InvalidAuthReply(f"invalid TTL {ttl} (must be >0)")
+    return AuthState(ttl=ttl, authorizations=auths, identity=str(doc.get("identity") or ""),
+                     identity_url=str(doc.get("identity_url") or ""), expires=now + ttl)
+
+
+def _compile(pattern: Any, what: str) -> re.Pattern:
+    if not isinstance(pattern, str):
+        raise InvalidAuthReply(f"unable to compile {what} {pattern!r}: not a string")
+    try:
+        return re.compile(pattern)
+    except re.error as err:
+        raise InvalidAuthReply(f"unable to compile {what} {pattern!r} {err}") from None
+
+
+def auth_url(address: str) -> str:
+    return address if "://" in address else f"http://{address}/auth"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who asks, as the auth server is told: what the broker knows of a client."""
+
+    remote_ip: str
+    tls: bool
+    secret: str
+    common_name: str = ""
+
+    def form(self) -> dict[str, str]:
+        return {"remote_ip": self.remote_ip, "tls": "true" if self.tls else "false",
+                "secret": self.secret, "common_name": self.common_name}
+
+
+@dataclass
+class Authenticator:
+    """The broker's side of the auth protocol: asks the auth servers, caches for ``ttl``.
+
+    One per broker, shared by every listener; must be used on the broker's loop.
+    """
+
+    addresses: list[str]
+    method: str = "get"
+    connect_timeout: float = 2.0
+    request_timeout: float = 5.0
+    clock: Callable[[], float] = time.monotonic
+    _cache: dict[Identity, AuthState] = field(default_factory=dict)
+    _session: Any = None
+
+    @classmethod
+    def from_options(cls, options: "Options") -> "Authenticator | None":
+        if not options.auth_http_addresses:
+            return None
+        return cls(list(options.auth_http_addresses), options.auth_http_request_method,
+                   options.http_client_connect_timeout / 1000,
+                   options.http_client_request_timeout / 1000)
+
+    def cached(self, who: Identity) -> AuthState | None:
+        """The cached answer for ``who`` while its ttl runs, else None."""
+        state = self._cache.get(who)
+        if state is not None and state.is_expired(self.clock()):
+            del self._cache[who]
+            return None
+        return state
+
+    async def state(self, who: Identity) -> AuthState:
+        """The answer for ``who``: cached, or asked now. Raises AuthFailed."""
+        state = self.cached(who)
+        if state is None:
+            state = await self.query(who)
+            self._cache[who] = state
+            if len(self._cache) > 10_000:  # bounded: forget the oldest answers first
+                for key in list(self._cache)[:1000]:
+                    del self._cache[key]
+        return state
+
+    async def query(self, who: Identity) -> AuthState:
+        """Ask the auth servers, a random one first; AuthFailed when none gives a valid answer."""
+        start = random.randrange(len(self.addresses))
+        problems = []
+        for i in range(len(self.addresses)):
+            address = self.addresses[(start + i) % len(self.addresses)]
+            try:
+                return await self._query_one(address, who)
+            except Exception as err:  # every failure is the same to the client: logged
+                problems.append(f"failed to auth against {address} - {err}")
+        log.warning("AUTH failed for %s: %s", who.remote_ip, "; ".join(problems))
+        raise AuthFailed("AUTH failed")
+
+    async def _query_one(self, address: str, who: Identity) -> AuthState:
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(
+                total=self.request_timeout, connect=self.connect_timeout))
+        url = auth_url(address)
+        if self.method == "post":
+            request = self._session.post(url, data=who.form())
+        else:
+            request = self._session.get(url, params=who.form())
+        async with request as reply:
+            body = await reply.read()
+            if reply.status != 200:
+                raise InvalidAuthReply(f"got response {reply.status}")
+        return parse_reply(body, self.clock())
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class ClientAuth:
+    """One client's standing with the auth servers (a TCP connection, a gRPC call).
+
+    ``auth(secret)`` is nsqd's AUTH; ``check(command, topic, channel)`` its
+    checkAuth. ``needs_query()`` says ``check`` would have to ask the auth
+    server again first (no answer yet, or its ttl ran out): call ``refresh()``.
+    """
+
+    def __init__(self, authenticator: Authenticator, remote_ip: str, *, tls: bool = False,
+                 common_name: str = "", secret: str | None = None) -> None:
+        self.authenticator = authenticator
+        self.remote_ip = remote_ip
+        self.tls = tls
+        self.common_name = common_name
+        self.secret = secret
+        self.state: AuthState | None = None
+
+    def identity(self) -> Identity:
+        return Identity(self.remote_ip, self.tls, self.secret or "", self.common_name)
+
+    async def auth(self, secret: str) -> AuthState:
+        """nsqd's AUTH: ask for ``secret``; Unauthorized when it allows nothing."""
+        self.secret = secret
+        await self.refresh()
+        assert self.state is not None
+        if not self.state.authorizations:
+            raise Unauthorized("AUTH no authorizations found")
+        return self.state
+
+    def needs_query(self) -> bool:
+        if self.secret is None:
+            return False
+        if self.state is None or self.state.is_expired(self.authenticator.clock()):
+            return True
+        return False
+
+    async def refresh(self) -> None:
+        self.state = None
+        self.state = await self.authenticator.state(self.identity())
+
+    def check(self, command: str, topic: str | None, channel: str = "") -> None:
+        """Raise unless this client may ``command``: publish with no channel, subscribe
+        with one; with ``topic`` None, any accepted secret will do."""
+        if self.secret is None or self.state is None:
+            raise AuthFirst(f"AUTH required before {command}")
+        if not self.state.authorizations:
+            raise Unauthorized("AUTH no authorizations found")
+        if topic is not None and not self.state.is_allowed(topic, channel):
+            raise Unauthorized(f"AUTH failed for {command} on {topic!r} {channel!r}")
+
+    def reply(self) -> bytes:
+        """nsqd's answer to a successful AUTH."""
+        assert self.state is not None
+        return json.dumps({"identity": self.state.identity,
+                           "identity_url": self.state.identity_url,
+                           "permission_count": len(self.state.authorizations)}).encode()
