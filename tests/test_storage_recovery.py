@@ -332,3 +332,24 @@ def test_one_old_deferred_message_does_not_keep_every_later_file(tmp_path, stop)
     assert [(m.id, m.body, m.attempts) for m in deferred] == [(old, b"old", 1)]
     assert deferred[0].deadline == pytest.approx(clock.monotonic() + 3000, abs=1e-3)
     assert drain(broker, "events", "work") == {}
+
+
+def test_a_file_left_behind_by_a_crash_is_deleted_before_the_fins_that_follow_it(tmp_path):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=1024)
+    broker.create_channel("events", "work")
+    first = [broker.publish("events", b"a" * 100) for _ in range(8)]   # fill the first file
+    later = broker.publish("events", b"b" * 100)                      # the next file
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    ch.set_rdy(consumer, 8)
+    assert consumer.ids == first
+    consumer.fin_all()            # their FINs go to the second file; the first is done with
+    crash(broker)                 # ... but killed before it was deleted
+    broker = start(tmp_path, clock, max_bytes_per_file=1024)
+    assert drain(broker, "events", "work") == {later: b"b" * 100}  # the second file is done
+    broker.storage.tick()
+    broker.storage.wait_synced()
+    crash(broker)
+    broker = start(tmp_path, clock, max_bytes_per_file=1024)
+    assert drain(broker, "events", "work") == {}

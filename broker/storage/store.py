@@ -592,6 +592,8 @@ class DiskStore(Store):
             for _, topic_log in replays:
                 topic_log.start_appending()
                 opened.append(topic_log)
+            for topic_log in opened:
+                topic_log.reclaim()  # files left behind with nothing pending
         except OSError as err:
             for topic_log in opened:
                 topic_log.abandon()
@@ -631,6 +633,11 @@ class DiskStore(Store):
             channel.paused = logged.channels[channel_name]
         if replay.max_id:
             self.broker.new_id.advance_past(f"{replay.max_id:016x}")
+        # Every file on disk is counted, even with nothing pending (left behind by a
+        # crash before its deletion): files go oldest first, so no FIN record can be
+        # deleted while an older file still holds the PUB it finished.
+        for seg in topic_log.sizes:
+            topic_log.hold(seg, 0)
         for seg, count in replay.copies_per_segment().items():
             topic_log.hold(seg, count)
         now_ns = self.broker.clock.wall_ns()
