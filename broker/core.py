@@ -24,9 +24,8 @@ from .message import IdFactory, Message
 from .names import check_channel_name, check_topic_name
 from .options import Options
 from .stats import TopicStats
-from .topic import Topic
-
 from .storage.store import MemoryStore
+from .topic import Topic
 
 if TYPE_CHECKING:
     from .storage.store import Store

@@ -11,6 +11,7 @@ import pytest
 
 from broker import Broker, Options
 from broker.clock import ManualClock
+import broker.storage.store as store_module
 from broker.storage import DiskStore, fileops, records
 
 from .corekit import Recorder, advance
@@ -52,6 +53,12 @@ def drain(broker: Broker, topic: str, channel: str, fin: bool = True) -> dict[st
 
 
 RESTARTS = [crash, clean]
+
+
+@pytest.fixture(autouse=True)
+def small_scan_blocks(monkeypatch):
+    """Start reads files in blocks of a few records, so records straddle blocks."""
+    monkeypatch.setattr(store_module, "SCAN_BLOCK", 97)
 
 
 @pytest.mark.parametrize("stop", RESTARTS)

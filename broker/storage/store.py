@@ -55,6 +55,8 @@ log = logging.getLogger("pynsqd")
 # when this few copies still hold it and newer segments exist, so one old
 # message (a long deferral, a stuck consumer) cannot keep every later file.
 RELOCATE_AT_MOST = 1024
+# Bytes of a log file read at once at start.
+SCAN_BLOCK = 4 << 20
 
 
 class DataPathLocked(RuntimeError):
@@ -594,12 +596,11 @@ class DiskStore(Store):
                 opened.append(topic_log)
             for topic_log in opened:
                 topic_log.reclaim()  # files left behind with nothing pending
-        except OSError as err:
+        except OSError:
             for topic_log in opened:
                 topic_log.abandon()
                 self.files.unlink(str(topic_log.path(topic_log.current)))
-            raise StorageFailed(f"data path {self.path}: could not start appending: "
-                                f"{err}") from None
+            raise
         for d in names:
             if d.startswith("trash-"):
                 self._executor.submit(self.files.rmtree, str(topics_dir / d))
@@ -611,13 +612,32 @@ class DiskStore(Store):
         topic_log = self._new_log(name)
         replay = Replay(name)
         for seg in topic_log.segment_numbers():
-            path = topic_log.path(seg)
-            data = self.files.read_file(str(path))
-            topic_log.sizes[seg] = len(data)
-            for record in records.scan(data, str(path)):
-                replay.read(seg, record)
-            del data
+            topic_log.sizes[seg] = self._scan_file(topic_log.path(seg),
+                                                   lambda r, seg=seg: replay.read(seg, r))
         return replay, topic_log
+
+    def _scan_file(self, path: Path, read: Callable[[records.Record], None]) -> int:
+        """Feed every valid record of a file to ``read``, a block at a time (a whole
+        segment in memory at once would set the peak of a start); returns its size."""
+        fd = self.files.open(str(path), os.O_RDONLY)
+        try:
+            size = self.files.size(fd)
+            pos, carry, need = 0, b"", SCAN_BLOCK
+            while pos < size:
+                chunk = self.files.pread(fd, max(SCAN_BLOCK, need), pos)
+                if not chunk:
+                    break  # shorter than it was
+                block, base = carry + chunk, pos - len(carry)
+                pos += len(chunk)
+                rest: list[int] | None = [] if pos < size else None
+                for record in records.scan(block, str(path), base, rest):
+                    read(record)
+                carry, need = (block[rest[0]:] if rest else b""), SCAN_BLOCK
+                if len(carry) >= records.HEADER_SIZE:  # a record longer than a block
+                    need = records.HEADER_SIZE + records.HEADER.unpack_from(carry)[2] - len(carry)
+            return size
+        finally:
+            self.files.close(fd)
 
     def _restore(self, replay: Replay, topic_log: TopicLog) -> int:
         """Build the topic, its channels and their queues from a replay."""
