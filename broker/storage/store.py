@@ -32,6 +32,7 @@ import fcntl
 import logging
 import os
 import time
+from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -585,13 +586,16 @@ class DiskStore(Store):
         names = sorted(self.files.listdir(str(topics_dir)))
         try:
             replays = [self._replay(d[2:]) for d in names if d.startswith("t-")]
-            for replay, topic_log in replays:
+            logs = []
+            while replays:  # each replay goes once its topic is built
+                replay, topic_log = replays.pop(0)
                 restored += self._restore(replay, topic_log)
+                logs.append(topic_log)
         finally:
             self._restoring = False
         opened: list[TopicLog] = []
         try:
-            for _, topic_log in replays:
+            for topic_log in logs:
                 topic_log.start_appending()
                 opened.append(topic_log)
             for topic_log in opened:
@@ -605,7 +609,7 @@ class DiskStore(Store):
             if d.startswith("trash-"):
                 self._executor.submit(self.files.rmtree, str(topics_dir / d))
         log.info("data path %s: restored %d topic(s) and %d pending message(s) in %.2fs",
-                 self.path, len(replays), restored, time.monotonic() - started)
+                 self.path, len(logs), restored, time.monotonic() - started)
 
     def _replay(self, name: str) -> tuple[Replay, TopicLog]:
         """Read a topic's log: what is pending where (no change to anything)."""
@@ -672,10 +676,10 @@ class DiskStore(Store):
         return replay.count()
 
     def _queues(self, topic: "Topic", entries: Iterable[tuple[int, int, int]], now_ns: int
-                ) -> tuple[list[Message], list[int], list[tuple[Message, float]]]:
+                ) -> tuple[list[Message], array, list[tuple[Message, float]]]:
         """(ready in memory, ready on disk only, deferred with seconds left)."""
         ready: list[Message] = []
-        on_disk: list[int] = []
+        on_disk = array("q")
         deferred: list[tuple[Message, float]] = []
         limit = self.spill_limit
         for loc, attempts, deliver_at in entries:
