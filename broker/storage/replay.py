@@ -3,13 +3,16 @@
 One slot per message (its id, log location and deliver-at time in arrays, and a
 bit mask of the copies still pending: bit 0 for the topic's hold, one bit per
 durable channel), so recovering a million messages for three channels costs
-tens of megabytes, not hundreds. Per-copy delivery counts and deferrals, which
+tens of megabytes, not hundreds. Ids grow along the log, so a slot is found by
+bisection; the few that do not (a MOVE of a message whose PUB is gone) are
+looked up in a dict. Per-copy delivery counts and deferrals, which
 few messages have, live in small dicts. Pure: it reads records, touches no file.
 """
 
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 from typing import Iterator
 
 from . import records
@@ -26,8 +29,9 @@ class Replay:
         self.paused: dict[str, bool] = {}
         self.dedupe: list[tuple[int, bytes]] = []
         self.max_id = 0
-        self._slot: dict[int, int] = {}
-        self._ids = array("q")
+        self._keys = array("Q")                  # ids that came in ascending order...
+        self._key_slots = array("q")             # ... and their slots
+        self._out_of_order: dict[int, int] = {}  # id -> slot, for the others
         self._locs = array("q")
         self._due = array("q")
         self._masks = array("Q")
@@ -66,11 +70,22 @@ class Replay:
                 del overrides[key]
 
     # -- records --------------------------------------------------------------
+    def _find(self, msg_id: int) -> int | None:
+        keys = self._keys
+        i = bisect_left(keys, msg_id)
+        if i < len(keys) and keys[i] == msg_id:
+            return self._key_slots[i]
+        return self._out_of_order.get(msg_id)
+
     def _new_slot(self, msg_id: int, loc: int, due: int, mask: int) -> int:
-        slot = self._slot.get(msg_id)
+        slot = self._find(msg_id)
         if slot is None:
-            slot = self._slot[msg_id] = len(self._ids)
-            self._ids.append(msg_id)
+            slot = len(self._locs)
+            if not self._keys or self._keys[-1] < msg_id:
+                self._keys.append(msg_id)
+                self._key_slots.append(slot)
+            else:
+                self._out_of_order[msg_id] = slot
             self._locs.append(loc)
             self._due.append(due)
             self._masks.append(mask)
@@ -92,9 +107,9 @@ class Replay:
             channel, ids = record.fins()
             bit = self.channels.get(channel)
             if bit is not None:
-                keep, slots, masks = ~bit & 0xFFFFFFFFFFFFFFFF, self._slot, self._masks
+                keep, find, masks = ~bit & 0xFFFFFFFFFFFFFFFF, self._find, self._masks
                 for msg_id in ids:
-                    slot = slots.get(msg_id)
+                    slot = find(msg_id)
                     if slot is not None:
                         masks[slot] &= keep
         elif kind == records.ATTEMPTS:
@@ -102,13 +117,13 @@ class Replay:
             bit = self.channels.get(channel)
             if bit is not None:
                 for msg_id, attempts in entries:
-                    slot = self._slot.get(msg_id)
+                    slot = self._find(msg_id)
                     if slot is not None and self._masks[slot] & bit:
                         self._attempts[(slot, bit)] = attempts
         elif kind == records.DEFER:
             channel, msg_id, deliver_at, attempts = record.defer()
             bit = self.channels.get(channel)
-            slot = self._slot.get(msg_id)
+            slot = self._find(msg_id)
             if bit is not None and slot is not None and self._masks[slot] & bit:
                 self._attempts[(slot, bit)] = attempts
                 self._deferred[(slot, bit)] = deliver_at
