@@ -37,13 +37,14 @@ def wait_listening(port: int, timeout: float = 30.0) -> None:
     raise RuntimeError(f"nothing listens on port {port}")
 
 
-def start_pynsqd(*args: str, grpc_port: int | None = None) -> tuple[subprocess.Popen, str]:
+def start_pynsqd(*args: str, grpc_port: int | None = None, timeout: float = 30.0
+                 ) -> tuple[subprocess.Popen, str]:
     """A `pynsqd` with gRPC on a free port (TCP and HTTP too, unless ``args`` say otherwise)."""
     port = grpc_port or free_port()
     cmd = [str(Path(sys.executable).parent / "pynsqd"), "--grpc-address", f"127.0.0.1:{port}",
            "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
            "--log-level", "warning", *args]
-    return start(cmd, port), f"127.0.0.1:{port}"
+    return start(cmd, port, timeout), f"127.0.0.1:{port}"
 
 
 def stop(proc: subprocess.Popen) -> None:

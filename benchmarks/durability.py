@@ -98,7 +98,7 @@ def restart(tmp: str, pending: int, channels: int = 3) -> dict:
     finally:
         stop(proc)
     started = time.perf_counter()
-    proc, address = start_pynsqd("--data-path", data)
+    proc, address = start_pynsqd("--data-path", data, timeout=600)
     try:
         seconds = time.perf_counter() - started
         with Client(address) as client:

@@ -74,18 +74,24 @@ class Backlog:
         for msg in msgs:
             self.append(msg)
 
-    def extend_on_disk(self, locs: Iterable[int]) -> None:
+    def extend_on_disk(self, locs: "array | list[int]") -> None:
         """Queue messages known by location only; up to the limit are read in now."""
-        for loc in locs:
-            if self.limit is not None and self._in_memory >= self.limit:
-                self._spill(loc)
-                self._len += 1
-                continue
-            msg = self._load(loc)
+        i, limit = 0, self.limit
+        while i < len(locs) and (limit is None or self._in_memory < limit):
+            msg = self._load(locs[i])
+            i += 1
             if msg is not None:
                 self._items.append(msg)
                 self._in_memory += 1
                 self._len += 1
+        if i < len(locs):
+            rest = locs[i:]
+            items = self._items
+            if items and type(items[-1]) is OnDisk:
+                items[-1].locs.extend(rest)
+            else:
+                items.append(OnDisk(rest))
+            self._len += len(rest)
 
     def _spill(self, loc: int) -> None:
         items = self._items

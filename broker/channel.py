@@ -9,7 +9,7 @@ touches only those that are due.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from .backlog import Backlog
 from .consumer import Consumer
@@ -78,7 +78,7 @@ class Channel:
         self.message_count += len(self._ready) - before
         self._pump()
 
-    def restore(self, ready: list[Message], on_disk: list[int],
+    def restore(self, ready: list[Message], on_disk: Sequence[int],
                 deferred: list[tuple[Message, float]]) -> None:
         """Queue messages recovered from disk: in memory, on disk only, and
         deferred (with the seconds they still wait)."""

@@ -8,7 +8,7 @@ holds is bounded in memory as a channel's backlog is.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from .backlog import Backlog, OnDisk
 from .channel import Channel
@@ -96,7 +96,7 @@ class Topic:
         for m, until in later:
             self._copy_to_channels([m], max(0.0, until - now))
 
-    def restore_held(self, ready: list[Message], on_disk: list[int],
+    def restore_held(self, ready: list[Message], on_disk: Sequence[int],
                      deferred: list[tuple[Message, float]]) -> None:
         """Hold messages recovered from disk until this topic has a channel."""
         self._held.extend(ready)

@@ -35,7 +35,7 @@ class FaultyFiles(Files):
     # -- what to break ---------------------------------------------------------
     def fail(self, call: str, err: int = errno.ENOSPC, times: int | None = None,
              after: int = 0) -> None:
-        """Make ``call`` (write, fsync, open, pread, read_file, ...) fail with ``err``,
+        """Make ``call`` (write, fsync, open, pread, ...) fail with ``err``,
         ``times`` times or until ``heal``, once ``after`` calls have gone through."""
         with self._lock:
             self._failing[call] = (err, times)
@@ -105,10 +105,6 @@ class FaultyFiles(Files):
     def truncate(self, fd: int, size: int) -> None:
         self._check("truncate")
         super().truncate(fd, size)
-
-    def read_file(self, path: str) -> bytes:
-        self._check("read_file")
-        return super().read_file(path)
 
     def rename(self, src: str, dst: str) -> None:
         self._check("rename")

@@ -91,12 +91,15 @@ def test_a_clean_shutdown_keeps_in_flight_and_deferred_messages_and_their_delays
     restarted = daemons(port=d.port)
     with Client(restarted.address) as client:
         assert client.stats("events").topics[0].channels[0].deferred_count == 2
-    early = consume_all(restarted.address, "events", "work", idle=1.0)
-    assert set(early) == set(ids[1:])  # in flight at shutdown: back at once
-    assert time.monotonic() - stopped_at < DELAY_MS / 1000  # the deferred were not due yet
-    with Client(restarted.address) as client, client.subscribe("events", "work", rdy=2) as sub:
-        later = {sub.get(timeout=20).id for _ in range(2)}
-    assert later == {ids[0], late}
+    with Client(restarted.address) as client, client.subscribe("events", "work", rdy=3) as sub:
+        early = {m.id: m.attempts for m in (sub.get(timeout=10) for _ in range(2))}
+        sub.fin(*early)
+        assert sub.get(timeout=1.0) is None
+        # in flight at shutdown: back at once, their first delivery counted
+        assert early == {ids[1]: 2, ids[2]: 2}
+        assert time.monotonic() - stopped_at < DELAY_MS / 1000  # the deferred were not due yet
+        later = {m.id: m.attempts for m in (sub.get(timeout=20) for _ in range(2))}
+    assert later == {ids[0]: 2, late: 1}
 
 
 def test_topics_channels_and_paused_state_survive_a_restart(daemons):

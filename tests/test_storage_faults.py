@@ -174,7 +174,7 @@ def test_a_start_that_fails_leaves_the_data_path_as_it_found_it(files, tmp_path)
             client.admin("channel", "create", "beta", "work")
             beta = client.multi_publish("beta", [f"beta-{i}".encode() for i in range(6)])
     before = snapshot(data)
-    files.fail("read_file", errno.EIO, after=1)  # the first topic reads, the next fails
+    files.fail("pread", errno.EIO, after=1)  # the first read goes through, the next fails
     with pytest.raises(OSError):
         EmbeddedBroker(data_path=str(data)).start()
     assert snapshot(data) == before

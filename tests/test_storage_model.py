@@ -31,7 +31,9 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 from broker import Broker, Options
 from broker.backlog import OnDisk
 from broker.clock import ManualClock
+import broker.storage.store as store_module
 from broker.storage import DiskStore
+from broker.storage.store import SCAN_BLOCK
 
 from .corekit import Recorder
 
@@ -81,6 +83,7 @@ class StorageModel(RuleBasedStateMachine):
 
     # -- the broker ---------------------------------------------------------
     def start(self) -> None:
+        store_module.SCAN_BLOCK = 211  # records straddle the blocks a start reads
         options = Options(data_path=self._tmp.name, mem_queue_size=3, max_bytes_per_file=1024)
         self.broker = Broker(options, clock=self.clock)
         self.store = DiskStore(self.broker, options)
@@ -95,6 +98,7 @@ class StorageModel(RuleBasedStateMachine):
         self.observe_deliveries()
 
     def teardown(self) -> None:
+        store_module.SCAN_BLOCK = SCAN_BLOCK
         self.store.abandon()
         self._tmp.cleanup()
 

@@ -11,6 +11,7 @@ import pytest
 
 from broker import Broker, Options
 from broker.clock import ManualClock
+import broker.storage.store as store_module
 from broker.storage import DiskStore, fileops, records
 
 from .corekit import Recorder, advance
@@ -52,6 +53,12 @@ def drain(broker: Broker, topic: str, channel: str, fin: bool = True) -> dict[st
 
 
 RESTARTS = [crash, clean]
+
+
+@pytest.fixture(autouse=True)
+def small_scan_blocks(monkeypatch):
+    """Start reads files in blocks of a few records, so records straddle blocks."""
+    monkeypatch.setattr(store_module, "SCAN_BLOCK", 97)
 
 
 @pytest.mark.parametrize("stop", RESTARTS)
@@ -331,4 +338,25 @@ def test_one_old_deferred_message_does_not_keep_every_later_file(tmp_path, stop)
     deferred = broker.channel("events", "work")._deferred.live()
     assert [(m.id, m.body, m.attempts) for m in deferred] == [(old, b"old", 1)]
     assert deferred[0].deadline == pytest.approx(clock.monotonic() + 3000, abs=1e-3)
+    assert drain(broker, "events", "work") == {}
+
+
+def test_a_file_left_behind_by_a_crash_is_deleted_before_the_fins_that_follow_it(tmp_path):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=1024)
+    broker.create_channel("events", "work")
+    first = [broker.publish("events", b"a" * 100) for _ in range(8)]   # fill the first file
+    later = broker.publish("events", b"b" * 100)                      # the next file
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    ch.set_rdy(consumer, 8)
+    assert consumer.ids == first
+    consumer.fin_all()            # their FINs go to the second file; the first is done with
+    crash(broker)                 # ... but killed before it was deleted
+    broker = start(tmp_path, clock, max_bytes_per_file=1024)
+    assert drain(broker, "events", "work") == {later: b"b" * 100}  # the second file is done
+    broker.storage.tick()
+    broker.storage.wait_synced()
+    crash(broker)
+    broker = start(tmp_path, clock, max_bytes_per_file=1024)
     assert drain(broker, "events", "work") == {}

@@ -35,10 +35,6 @@ class Files:
     def truncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)
 
-    def read_file(self, path: str) -> bytes:
-        with open(path, "rb") as f:
-            return f.read()
-
     def listdir(self, path: str) -> list[str]:
         try:
             return os.listdir(path)

@@ -210,27 +210,43 @@ class Record:
         return paused, channels
 
 
-def scan(data: bytes, where: str) -> Iterator[Record]:
-    """The valid records of ``data``, logging what is skipped and where."""
+def scan(data: bytes, where: str, base: int = 0, rest: list[int] | None = None
+         ) -> Iterator[Record]:
+    """The valid records of ``data`` (read at offset ``base`` of a file), logging
+    what is skipped and where. With ``rest``, ``data`` is one block of a longer
+    file: a record it cuts short at its end is not damage; the offset in ``data``
+    where the unread part starts is appended to ``rest``."""
     view = memoryview(data)
     pos, size, damaged_at = 0, len(data), None
-    while pos + HEADER_SIZE <= size:
+
+    def skipped(upto: int) -> None:
+        log.warning("%s: skipped %d damaged byte(s) at offset %d", where, upto - damaged_at,
+                    base + damaged_at)
+
+    while pos < size:
+        if pos + HEADER_SIZE > size:
+            break
         magic, kind, length, crc = HEADER.unpack_from(data, pos)
         start, stop = pos + HEADER_SIZE, pos + HEADER_SIZE + length
+        if rest is not None and magic == MAGIC and length <= MAX_PAYLOAD and stop > size:
+            break  # the next block has the rest of it
         if (magic == MAGIC and length <= MAX_PAYLOAD and stop <= size
                 and zlib.crc32(view[start:stop], zlib.crc32(bytes((kind,)))) == crc):
             if damaged_at is not None:
-                log.warning("%s: skipped %d damaged byte(s) at offset %d", where,
-                            pos - damaged_at, damaged_at)
+                skipped(pos)
                 damaged_at = None
-            yield Record(kind, pos, view[start:stop])
+            yield Record(kind, base + pos, view[start:stop])
             pos = stop
             continue
         if damaged_at is None:
             damaged_at = pos
         nxt = data.find(MAGIC, pos + 1)
         pos = nxt if nxt >= 0 else size
-    if damaged_at is not None or pos < size:
+    if rest is not None:
+        if damaged_at is not None:
+            skipped(pos)
+        rest.append(pos)
+    elif damaged_at is not None or pos < size:
         skipped_from = damaged_at if damaged_at is not None else pos
         log.warning("%s: %d byte(s) at offset %d are a damaged or torn record; skipped",
-                    where, size - skipped_from, skipped_from)
+                    where, size - skipped_from, base + skipped_from)

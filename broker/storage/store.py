@@ -32,7 +32,7 @@ import fcntl
 import logging
 import os
 import time
-from collections import Counter
+from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +42,8 @@ from ..errors import QueueFull, StorageFailed
 from ..message import Message
 from ..options import Options
 from . import fileops, records
-from .segments import TopicLog, location, segment_of
+from .replay import Replay
+from .segments import TopicLog, segment_of
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -55,6 +56,8 @@ log = logging.getLogger("pynsqd")
 # when this few copies still hold it and newer segments exist, so one old
 # message (a long deferral, a stuck consumer) cannot keep every later file.
 RELOCATE_AT_MOST = 1024
+# Bytes of a log file read at once at start.
+SCAN_BLOCK = 4 << 20
 
 
 class DataPathLocked(RuntimeError):
@@ -583,117 +586,66 @@ class DiskStore(Store):
         names = sorted(self.files.listdir(str(topics_dir)))
         try:
             replays = [self._replay(d[2:]) for d in names if d.startswith("t-")]
-            for replay in replays:
-                restored += self._restore(replay)
+            logs = []
+            while replays:  # each replay goes once its topic is built
+                replay, topic_log = replays.pop(0)
+                restored += self._restore(replay, topic_log)
+                logs.append(topic_log)
         finally:
             self._restoring = False
         opened: list[TopicLog] = []
         try:
-            for replay in replays:
-                replay.log.start_appending()
-                opened.append(replay.log)
-        except OSError as err:
+            for topic_log in logs:
+                topic_log.start_appending()
+                opened.append(topic_log)
+            for topic_log in opened:
+                topic_log.reclaim()  # files left behind with nothing pending
+        except OSError:
             for topic_log in opened:
                 topic_log.abandon()
                 self.files.unlink(str(topic_log.path(topic_log.current)))
-            raise StorageFailed(f"data path {self.path}: could not start appending: "
-                                f"{err}") from None
+            raise
         for d in names:
             if d.startswith("trash-"):
                 self._executor.submit(self.files.rmtree, str(topics_dir / d))
         log.info("data path %s: restored %d topic(s) and %d pending message(s) in %.2fs",
-                 self.path, len(replays), restored, time.monotonic() - started)
+                 self.path, len(logs), restored, time.monotonic() - started)
 
-    def _replay(self, name: str) -> "_Replay":
+    def _replay(self, name: str) -> tuple[Replay, TopicLog]:
         """Read a topic's log: what is pending where (no change to anything)."""
         topic_log = self._new_log(name)
-        replay = _Replay(name, topic_log)
-        chans, paused = replay.channels, replay.paused
-        # id -> (location, attempts, deliver-at); one tuple shared by every channel
-        # until a record changes it for one of them.
-        held: dict[int, tuple[int, int, int]] = {}
+        replay = Replay(name)
         for seg in topic_log.segment_numbers():
-            path = topic_log.path(seg)
-            data = self.files.read_file(str(path))
-            topic_log.sizes[seg] = len(data)
-            for record in records.scan(data, str(path)):
-                kind = record.kind
-                if kind == records.PUB:
-                    msg_id, _, deliver_at, flags = record.pub()
-                    replay.max_id = max(replay.max_id, msg_id)
-                    entry = (location(seg, record.offset), 0, deliver_at)
-                    if flags & records.HELD:
-                        held[msg_id] = entry
-                    else:
-                        for pending in chans.values():
-                            pending[msg_id] = entry
-                elif kind == records.FIN:
-                    channel, ids = record.fins()
-                    pending = chans.get(channel)
-                    if pending:
-                        for msg_id in ids:
-                            pending.pop(msg_id, None)
-                elif kind == records.ATTEMPTS:
-                    channel, entries = record.attempts()
-                    pending = chans.get(channel, {})
-                    for msg_id, attempts in entries:
-                        entry = pending.get(msg_id)
-                        if entry is not None:
-                            pending[msg_id] = (entry[0], attempts, entry[2])
-                elif kind == records.DEFER:
-                    channel, msg_id, deliver_at, attempts = record.defer()
-                    pending = chans.get(channel, {})
-                    entry = pending.get(msg_id)
-                    if entry is not None:
-                        pending[msg_id] = (entry[0], attempts, deliver_at)
-                elif kind == records.FLUSH:
-                    for pending in chans.values():
-                        pending.update(held)
-                    held = {}
-                elif kind == records.EMPTY:
-                    channel = record.channel()
-                    if channel:
-                        chans.get(channel, {}).clear()
-                    else:
-                        held = {}
-                elif kind == records.CHANNEL:
-                    op, channel = record.channel_op()
-                    if op == records.CREATE:
-                        chans.setdefault(channel, {})
-                        paused.setdefault(channel, False)
-                    elif op == records.DELETE:
-                        chans.pop(channel, None)
-                        paused.pop(channel, None)
-                    elif channel in paused:
-                        paused[channel] = op == records.PAUSE
-                elif kind == records.TOPIC:
-                    replay.topic_paused = record.payload[0] == records.PAUSE
-                elif kind == records.STATE:
-                    replay.topic_paused, named = record.state()
-                    for channel in [c for c in chans if c not in named]:
-                        del chans[channel]
-                    for channel, channel_paused in named.items():
-                        chans.setdefault(channel, {})
-                    paused.clear()
-                    paused.update(named)
-                elif kind == records.MOVE:
-                    msg_id, _, copies, _ = record.move()
-                    loc = location(seg, record.offset)
-                    held.pop(msg_id, None)
-                    for pending in chans.values():
-                        pending.pop(msg_id, None)
-                    for channel, attempts, deliver_at in copies:
-                        pending = held if not channel else chans.get(channel)
-                        if pending is not None:
-                            pending[msg_id] = (loc, attempts, deliver_at)
-                elif kind == records.DEDUPE:
-                    replay.dedupe.append((seg, bytes(record.payload)))
-        replay.held = held
-        return replay
+            topic_log.sizes[seg] = self._scan_file(topic_log.path(seg),
+                                                   lambda r, seg=seg: replay.read(seg, r))
+        return replay, topic_log
 
-    def _restore(self, replay: "_Replay") -> int:
+    def _scan_file(self, path: Path, read: Callable[[records.Record], None]) -> int:
+        """Feed every valid record of a file to ``read``, a block at a time (a whole
+        segment in memory at once would set the peak of a start); returns its size."""
+        fd = self.files.open(str(path), os.O_RDONLY)
+        try:
+            size = self.files.size(fd)
+            pos, carry, need = 0, b"", SCAN_BLOCK
+            while pos < size:
+                chunk = self.files.pread(fd, max(SCAN_BLOCK, need), pos)
+                if not chunk:
+                    break  # shorter than it was
+                block, base = carry + chunk, pos - len(carry)
+                pos += len(chunk)
+                rest: list[int] | None = [] if pos < size else None
+                for record in records.scan(block, str(path), base, rest):
+                    read(record)
+                carry, need = (block[rest[0]:] if rest else b""), SCAN_BLOCK
+                if len(carry) >= records.HEADER_SIZE:  # a record longer than a block
+                    need = records.HEADER_SIZE + records.HEADER.unpack_from(carry)[2] - len(carry)
+            return size
+        finally:
+            self.files.close(fd)
+
+    def _restore(self, replay: Replay, topic_log: TopicLog) -> int:
         """Build the topic, its channels and their queues from a replay."""
-        name, topic_log = replay.name, replay.log
+        name = replay.name
         self.logs[name] = topic_log
         logged = self._logged[name]
         logged.paused = replay.topic_paused
@@ -705,31 +657,32 @@ class DiskStore(Store):
             channel.paused = logged.channels[channel_name]
         if replay.max_id:
             self.broker.new_id.advance_past(f"{replay.max_id:016x}")
-        held_per_segment = Counter(segment_of(entry[0]) for entries in
-                                   [*replay.channels.values(), replay.held]
-                                   for entry in entries.values())
-        for seg, count in held_per_segment.items():
+        # Every file on disk is counted, even with nothing pending (left behind by a
+        # crash before its deletion): files go oldest first, so no FIN record can be
+        # deleted while an older file still holds the PUB it finished.
+        for seg in topic_log.sizes:
+            topic_log.hold(seg, 0)
+        for seg, count in replay.copies_per_segment().items():
             topic_log.hold(seg, count)
         now_ns = self.broker.clock.wall_ns()
-        for channel_name, entries in replay.channels.items():
-            topic.channels[channel_name].restore(*self._queues(topic, entries, now_ns))
-        topic.restore_held(*self._queues(topic, replay.held, now_ns))
+        for channel_name in replay.channels:
+            topic.channels[channel_name].restore(
+                *self._queues(topic, replay.pending(channel_name), now_ns))
+        topic.restore_held(*self._queues(topic, replay.pending(None), now_ns))
         for seg, payload in replay.dedupe:
             self.broker.dedupe.restore(payload)
             self._dedupe.setdefault(name, {}).setdefault(seg, []).append(payload)
         topic_log.reclaim()
-        restored = sum(len(e) for e in replay.channels.values()) + len(replay.held)
-        replay.channels, replay.held = {}, {}  # let the replay go before the next topic's
-        return restored
+        return replay.count()
 
-    def _queues(self, topic: "Topic", entries: dict[int, tuple[int, int, int]], now_ns: int
-                ) -> tuple[list[Message], list[int], list[tuple[Message, float]]]:
+    def _queues(self, topic: "Topic", entries: Iterable[tuple[int, int, int]], now_ns: int
+                ) -> tuple[list[Message], array, list[tuple[Message, float]]]:
         """(ready in memory, ready on disk only, deferred with seconds left)."""
         ready: list[Message] = []
-        on_disk: list[int] = []
+        on_disk = array("q")
         deferred: list[tuple[Message, float]] = []
         limit = self.spill_limit
-        for loc, attempts, deliver_at in entries.values():
+        for loc, attempts, deliver_at in entries:
             if deliver_at <= now_ns and not attempts and (on_disk or len(ready) >= limit):
                 on_disk.append(loc)
                 continue
@@ -766,18 +719,6 @@ class DiskStore(Store):
                 log.error("%s: %s", topic_log.dir, err)
         self.logs.clear()
         os.close(self._lock_fd)
-
-
-@dataclass
-class _Replay:
-    name: str
-    log: TopicLog
-    topic_paused: bool = False
-    channels: dict[str, dict[int, tuple[int, int, int]]] = field(default_factory=dict)
-    paused: dict[str, bool] = field(default_factory=dict)
-    held: dict[int, tuple[int, int, int]] = field(default_factory=dict)
-    dedupe: list[tuple[int, bytes]] = field(default_factory=list)
-    max_id: int = 0
 
 
 def _sync_all(files: fileops.Files, fds: list[int], retired: list[int],

@@ -1,0 +1,202 @@
+"""What a topic's log says is pending where: the records read in order, kept compact.
+
+One slot per message (its id, log location and deliver-at time in arrays, and a
+bit mask of the copies still pending: bit 0 for the topic's hold, one bit per
+durable channel), so recovering a million messages for three channels costs
+tens of megabytes, not hundreds. Ids grow along the log, so a slot is found by
+bisection; the few that do not (a MOVE of a message whose PUB is gone) are
+looked up in a dict. Per-copy delivery counts and deferrals, which
+few messages have, live in small dicts. Pure: it reads records, touches no file.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left
+from typing import Iterator
+
+from . import records
+from .segments import location, segment_of
+
+HELD = 1          # the bit of the topic's hold
+
+
+class Replay:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.topic_paused = False
+        self.channels: dict[str, int] = {}      # live durable channel -> its bit
+        self.paused: dict[str, bool] = {}
+        self.dedupe: list[tuple[int, bytes]] = []
+        self.max_id = 0
+        self._keys = array("Q")                  # ids that came in ascending order...
+        self._key_slots = array("q")             # ... and their slots
+        self._out_of_order: dict[int, int] = {}  # id -> slot, for the others
+        self._locs = array("q")
+        self._due = array("q")
+        self._masks = array("Q")
+        self._held: list[int] = []               # slots that may have the HELD bit
+        self._attempts: dict[tuple[int, int], int] = {}
+        self._deferred: dict[tuple[int, int], int] = {}
+        self._free_bits = [1 << i for i in range(63, 0, -1)]
+
+    # -- channels -------------------------------------------------------------
+    def _live(self) -> int:
+        mask = 0
+        for bit in self.channels.values():
+            mask |= bit
+        return mask
+
+    def _create(self, name: str, paused: bool = False) -> None:
+        if name not in self.channels:
+            if not self._free_bits:
+                raise ValueError(f"topic {self.name}: more than 63 durable channels")
+            self.channels[name] = self._free_bits.pop()
+        self.paused.setdefault(name, paused)
+
+    def _delete(self, name: str) -> None:
+        bit = self.channels.pop(name, None)
+        self.paused.pop(name, None)
+        if bit is not None:
+            self._clear(bit)
+            self._free_bits.append(bit)
+
+    def _clear(self, bit: int, slots=None) -> None:
+        masks, keep = self._masks, ~bit & 0xFFFFFFFFFFFFFFFF
+        for slot in (range(len(masks)) if slots is None else slots):
+            masks[slot] &= keep
+        for overrides in (self._attempts, self._deferred):
+            for key in [k for k in overrides if k[1] == bit]:
+                del overrides[key]
+
+    # -- records --------------------------------------------------------------
+    def _find(self, msg_id: int) -> int | None:
+        keys = self._keys
+        i = bisect_left(keys, msg_id)
+        if i < len(keys) and keys[i] == msg_id:
+            return self._key_slots[i]
+        return self._out_of_order.get(msg_id)
+
+    def _new_slot(self, msg_id: int, loc: int, due: int, mask: int) -> int:
+        slot = self._find(msg_id)
+        if slot is None:
+            slot = len(self._locs)
+            if not self._keys or self._keys[-1] < msg_id:
+                self._keys.append(msg_id)
+                self._key_slots.append(slot)
+            else:
+                self._out_of_order[msg_id] = slot
+            self._locs.append(loc)
+            self._due.append(due)
+            self._masks.append(mask)
+        else:
+            self._locs[slot], self._due[slot], self._masks[slot] = loc, due, mask
+        if mask & HELD:
+            self._held.append(slot)
+        return slot
+
+    def read(self, seg: int, record: records.Record) -> None:
+        """Apply one record of segment ``seg``."""
+        kind = record.kind
+        if kind == records.PUB:
+            msg_id, _, deliver_at, flags = record.pub()
+            self.max_id = max(self.max_id, msg_id)
+            mask = HELD if flags & records.HELD else self._live()
+            self._new_slot(msg_id, location(seg, record.offset), deliver_at, mask)
+        elif kind == records.FIN:
+            channel, ids = record.fins()
+            bit = self.channels.get(channel)
+            if bit is not None:
+                keep, find, masks = ~bit & 0xFFFFFFFFFFFFFFFF, self._find, self._masks
+                for msg_id in ids:
+                    slot = find(msg_id)
+                    if slot is not None:
+                        masks[slot] &= keep
+        elif kind == records.ATTEMPTS:
+            channel, entries = record.attempts()
+            bit = self.channels.get(channel)
+            if bit is not None:
+                for msg_id, attempts in entries:
+                    slot = self._find(msg_id)
+                    if slot is not None and self._masks[slot] & bit:
+                        self._attempts[(slot, bit)] = attempts
+        elif kind == records.DEFER:
+            channel, msg_id, deliver_at, attempts = record.defer()
+            bit = self.channels.get(channel)
+            slot = self._find(msg_id)
+            if bit is not None and slot is not None and self._masks[slot] & bit:
+                self._attempts[(slot, bit)] = attempts
+                self._deferred[(slot, bit)] = deliver_at
+        elif kind == records.FLUSH:
+            live, masks = self._live(), self._masks
+            for slot in self._held:
+                if masks[slot] & HELD:
+                    masks[slot] = (masks[slot] & ~HELD) | live
+            self._held = []
+        elif kind == records.EMPTY:
+            channel = record.channel()
+            if not channel:
+                self._clear(HELD, self._held)
+                self._held = []
+            elif channel in self.channels:
+                self._clear(self.channels[channel])
+        elif kind == records.CHANNEL:
+            op, channel = record.channel_op()
+            if op == records.CREATE:
+                self._create(channel)
+            elif op == records.DELETE:
+                self._delete(channel)
+            elif channel in self.paused:
+                self.paused[channel] = op == records.PAUSE
+        elif kind == records.TOPIC:
+            self.topic_paused = record.payload[0] == records.PAUSE
+        elif kind == records.STATE:
+            self.topic_paused, named = record.state()
+            for channel in [c for c in self.channels if c not in named]:
+                self._delete(channel)
+            for channel, channel_paused in named.items():
+                self._create(channel)
+                self.paused[channel] = channel_paused
+        elif kind == records.MOVE:
+            msg_id, _, copies, _ = record.move()
+            self.max_id = max(self.max_id, msg_id)
+            mask = 0
+            bits = []
+            for channel, attempts, deliver_at in copies:
+                bit = HELD if not channel else self.channels.get(channel)
+                if bit is not None:
+                    mask |= bit
+                    bits.append((bit, attempts, deliver_at))
+            slot = self._new_slot(msg_id, location(seg, record.offset), 0, mask)
+            for bit, attempts, deliver_at in bits:
+                self._attempts[(slot, bit)] = attempts
+                self._deferred[(slot, bit)] = deliver_at
+        elif kind == records.DEDUPE:
+            self.dedupe.append((seg, bytes(record.payload)))
+
+    # -- results --------------------------------------------------------------
+    def pending(self, channel: str | None) -> Iterator[tuple[int, int, int]]:
+        """(location, attempts, deliver-at) of each message pending in ``channel``
+        (None: held by the topic), in log order."""
+        bit = HELD if channel is None else self.channels[channel]
+        attempts, deferred = self._attempts, self._deferred
+        locs, due = self._locs, self._due
+        for slot, mask in enumerate(self._masks):
+            if mask & bit:
+                yield (locs[slot], attempts.get((slot, bit), 0),
+                       deferred.get((slot, bit), due[slot]))
+
+    def copies_per_segment(self) -> dict[int, int]:
+        """Segment -> pending copies in it (the topic's hold counting one)."""
+        counts: dict[int, int] = {}
+        live = self._live() | HELD
+        for loc, mask in zip(self._locs, self._masks):
+            mask &= live
+            if mask:
+                seg = segment_of(loc)
+                counts[seg] = counts.get(seg, 0) + mask.bit_count()
+        return counts
+
+    def count(self) -> int:
+        live = self._live() | HELD
+        return sum((m & live).bit_count() for m in self._masks)
