@@ -226,10 +226,11 @@ def test_stats_info_and_ping(broker, client):
     assert client.ping() == "OK"
 
 
-def test_a_lease_session_ending_requeues_its_leases_at_once(client):
+def test_a_lease_session_ending_requeues_its_leases_after_its_grace_period(client):
     client.admin("channel", "create", "t", "ch")
     client.multi_publish("t", [b"a", b"b", b"c"])
-    stream = client.stub.OpenLeaseSession(pb.LeaseSessionRequest(client_id="driver"))
+    stream = client.stub.OpenLeaseSession(pb.LeaseSessionRequest(client_id="driver",
+                                                                 grace_ms=200))
     session_id = next(stream).session_id
     reply = client.stub.Reserve(pb.ReserveRequest(session_id=session_id, topic="t", channel="ch",
                                                   max_messages=2, msg_timeout_ms=600_000))
