@@ -33,11 +33,13 @@ spark.stop()
 
 def test_format_pynsq_works_without_register_and_has_the_documented_schema(broker):
     # A fresh process: no other test can have registered the source before.
+    import os
     import subprocess
     import sys
 
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     result = subprocess.run([sys.executable, "-c", FRESH_SESSION, broker.address],
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["True", SCHEMA.simpleString()]
     assert [f.name for f in SCHEMA.fields] == ["id", "body", "timestamp", "attempts", "topic",
