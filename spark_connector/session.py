@@ -144,7 +144,14 @@ class LeaseKeeper:
             if session is None:
                 continue
             try:
-                results[address] = action(session)
+                try:
+                    results[address] = action(session)
+                except BrokerUnavailable as err:
+                    # A blip (a cut connection, a GOAWAY) fails the call in flight: try once
+                    # more on a new connection. A retried Reserve whose first reply was lost
+                    # leaves an untouched lease that times out back into the channel.
+                    log.warning("pynsq: %s on %s failed (%s); retrying once", what, address, err)
+                    results[address] = action(session)
             except BrokerUnavailable as err:
                 if self.options.fail_on_data_loss:
                     raise unreachable(address, err) from None

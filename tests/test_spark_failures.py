@@ -25,12 +25,6 @@ def start(df, recorder, checkpoint, **trigger):
             .trigger(**(trigger or {"availableNow": True})).start())
 
 
-def wait_until_nothing_in_flight(client, topic):
-    """The broker has seen the old reader go: what it held is back in the channel."""
-    wait_for(lambda: channel_stats(client, topic).in_flight_count == 0, 60,
-             message="in-flight messages to be requeued")
-
-
 def test_a_failing_batch_fails_the_query_and_a_restart_delivers_every_message(
         spark, broker, client, tmp_path):
     published = publish(client, "events", 1000)
@@ -41,7 +35,7 @@ def test_a_failing_batch_fails_the_query_and_a_restart_delivers_every_message(
     with pytest.raises(StreamingQueryException, match="injected failure in batch 2"):
         query.awaitTermination(120)
     assert len(failing.batches) == 2
-    wait_until_nothing_in_flight(client, "events")
+    # Restarted at once: the failed batch's lease is still held (grace period) and adopted.
 
     restarted = Recorder()
     start(reader(spark, broker.address, "events", maxMessagesPerTrigger=100),
@@ -63,7 +57,6 @@ def test_a_query_stopped_mid_stream_and_restarted_loses_nothing(spark, broker, c
     wait_for(lambda: len(first.batches) >= 3, 120, message="three batches")
     query.stop()
     assert len(set(first.ids)) < len(published)
-    wait_until_nothing_in_flight(client, "events")
 
     second = Recorder()
     start(reader(spark, broker.address, "events", maxMessagesPerTrigger=500),
@@ -94,7 +87,8 @@ def test_a_driver_killed_mid_batch_restarts_from_the_checkpoint_and_loses_nothin
     before = out.read_text().split()
     assert len(before) == 400  # batches 0 and 1 completed; batch 2 was killed mid-way
     killed_batch = marker.read_text().split()
-    wait_until_nothing_in_flight(client, "events")
+    # The killed driver's session is kept for its grace period: its lease is still held.
+    assert channel_stats(client, "events").in_flight_count == len(killed_batch) == 200
 
     restarted = _driver(broker, tmp_path, out, "--max-per-trigger", "200", "--available-now")
     try:

@@ -135,3 +135,34 @@ def test_reserve_spreads_the_read_limit_over_the_brokers(broker, client):
             assert sorted(lease["count"] for lease in leases.values()) == [30, 30]
         finally:
             keeper.close()
+
+
+def test_reader_option_defaults_bound_every_batch():
+    o = ReaderOptions.parse({"address": "127.0.0.1:4170", "topic": "events", "channel": "spark"})
+    assert (o.max_messages_per_trigger, o.max_bytes_per_trigger) == (100_000, 64 << 20)
+    assert (o.num_partitions, o.timeout_ms, o.msg_timeout_ms, o.client_id,
+            o.fail_on_data_loss) == (2, 10_000, 60_000, "", True)
+
+
+def test_an_offset_names_each_lease_with_its_address_count_and_broker_instance(broker, client):
+    publish(client, "events", 7)
+    keeper = LeaseKeeper(keeper_options(broker.address))
+    try:
+        keeper.ensure_channel()
+        leases = keeper.reserve(1, 100, 1 << 20, None)
+        session = keeper._sessions[broker.address]
+        assert leases == {"0": {"address": broker.address, "lease": leases["0"]["lease"],
+                                "count": 7, "broker": session.broker_id}}
+        assert len(session.broker_id) == 16
+    finally:
+        keeper.close()
+
+
+def test_max_bytes_per_trigger_bounds_a_batch(broker, client):
+    client.multi_publish("events", [b"x" * 1000] * 10)
+    keeper = LeaseKeeper(keeper_options(broker.address))
+    try:
+        keeper.ensure_channel()
+        assert keeper.reserve(1, 100, 3500, None)["0"]["count"] == 3
+    finally:
+        keeper.close()

@@ -19,12 +19,31 @@ def run_available_now(df, checkpoint, recorder: Recorder, timeout: float = 120):
     return query
 
 
-def test_format_pynsq_works_without_register_and_has_the_documented_schema(spark, broker):
-    df = reader(spark, broker.address, "events")
-    assert df.isStreaming
-    assert df.schema == SCHEMA
-    assert [f.name for f in df.schema.fields] == ["id", "body", "timestamp", "attempts",
-                                                  "topic", "channel"]
+FRESH_SESSION = """
+import sys
+from pyspark.sql import SparkSession
+spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+         .getOrCreate())
+df = (spark.readStream.format("pynsq").option("address", sys.argv[1])
+      .option("topic", "events").option("channel", "spark").load())
+print(df.isStreaming, df.schema.simpleString())
+spark.stop()
+"""
+
+
+def test_format_pynsq_works_without_register_and_has_the_documented_schema(broker):
+    # A fresh process: no other test can have registered the source before.
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    result = subprocess.run([sys.executable, "-c", FRESH_SESSION, broker.address],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["True", SCHEMA.simpleString()]
+    assert [f.name for f in SCHEMA.fields] == ["id", "body", "timestamp", "attempts", "topic",
+                                               "channel"]
 
 
 def test_explicit_register_works_too(spark, broker):

@@ -78,8 +78,6 @@ def test_a_failure_between_publish_and_commit_leaves_each_message_once(
     with pytest.raises(StreamingQueryException, match="injected failure"):
         first.awaitTermination(120)
     assert channel_stats(client, "b", "check").depth == 200  # batches 0 and 1 published
-    wait_for(lambda: channel_stats(client, "a", "spark").in_flight_count == 0, 60,
-             message="the failed run's leases to be requeued")
     second = relay(spark, broker.address, checkpoint, lambda w: w.foreachBatch(publish_then_fail_once))
     assert second.awaitTermination(120)
     bodies = drain(client, "b")
@@ -119,8 +117,6 @@ def test_a_batch_that_fails_after_some_partitions_published_is_replayed_without_
     published_before = channel_stats(client, "b", "check").depth
     assert 0 < published_before < 300
     flag.unlink()
-    wait_for(lambda: channel_stats(client, "a", "spark").in_flight_count == 0, 60,
-             message="the failed run's leases to be requeued")
     second = sink(df.writeStream.option("checkpointLocation", checkpoint)
                   .trigger(availableNow=True)).start()
     assert second.awaitTermination(180)

@@ -1,0 +1,93 @@
+"""Exactly once end to end: pynsq -> Spark -> pynsq under failures, with either writer.
+
+Each case publishes N distinct bodies to topic ``a``, runs a relay to topic ``b``
+through the failure, and checks what a user would: ``b``'s distinct bodies equal
+its message count equal N (nothing lost, nothing duplicated).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from pyspark import TaskContext
+
+from spark_connector import pub_to_topic
+
+from .faultproxy import FaultProxy
+from .helpers import wait_for
+from .spark_helpers import publish, reader
+from .test_spark_writers import drain
+
+N = 300
+
+
+def writer_of(kind: str, address: str):
+    if kind == "pub_to_topic":
+        return lambda w: w.foreachBatch(pub_to_topic(address, "b", batch_size=10))
+    return lambda w: (w.format("pynsq").option("address", address).option("topic", "b")
+                      .option("batchSize", 10))
+
+
+def assert_exactly_once(client, n: int) -> Counter:
+    bodies = drain(client, "b")
+    assert len(bodies) == sum(bodies.values()) == n, \
+        f"{len(bodies)} distinct, {sum(bodies.values())} messages, {n} published"
+    return bodies
+
+
+@pytest.mark.parametrize("kind", ["pub_to_topic", "sink"])
+def test_the_readers_connections_cut_while_the_query_runs_lose_and_duplicate_nothing(
+        spark, broker, client, tmp_path, kind):
+    client.admin("channel", "create", "b", "check")
+    publish(client, "a", N)
+    with FaultProxy(broker.address) as proxy:
+        # The source (driver session and executors' fetches) goes through the proxy.
+        df = reader(spark, proxy.address, "a", maxMessagesPerTrigger=100,
+                    msgTimeoutMs=5000).selectExpr("CAST(body AS STRING) AS body")
+        query = writer_of(kind, broker.address)(
+            df.writeStream.option("checkpointLocation", str(tmp_path / "ck"))
+            .trigger(processingTime="100 milliseconds")).start()
+        try:
+            wait_for(lambda: query.lastProgress is not None, 120, message="a first batch")
+            accepted = proxy.accepted
+            proxy.cut()  # the driver's session stream and any fetch in progress
+            wait_for(lambda: proxy.accepted > accepted, 60, message="the driver to reconnect")
+            wait_for(lambda: sum(p["numInputRows"] for p in query.recentProgress) >= N
+                     or query.exception() is not None, 180, message="every message read")
+        finally:
+            query.stop()
+        assert query.exception() is None
+    assert_exactly_once(client, N)
+
+
+@pytest.mark.parametrize("kind", ["pub_to_topic", "sink"])
+def test_a_task_failing_after_publishing_part_of_its_partition_duplicates_nothing(
+        spark, broker, client, tmp_path, kind):
+    client.admin("channel", "create", "b", "check")
+    publish(client, "a", N)
+    flag = tmp_path / "failed-once"
+    flag_path = str(flag)
+
+    def fail_midway_once(batches):
+        import os
+
+        ctx = TaskContext.get()
+        sent = 0
+        for batch in batches:
+            for i in range(batch.num_rows):  # row by row, so the writer flushes as it goes
+                yield batch.slice(i, 1)
+                sent += 1
+                if ctx.partitionId() == 0 and sent == 25 and not os.path.exists(flag_path):
+                    open(flag_path, "w").close()
+                    raise RuntimeError("injected failure after publishing part of the partition")
+
+    df = reader(spark, broker.address, "a", maxMessagesPerTrigger=100).selectExpr(
+        "CAST(body AS STRING) AS body")
+    df = df.mapInArrow(fail_midway_once, df.schema)
+    query = writer_of(kind, broker.address)(
+        df.writeStream.option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)).start()
+    assert query.awaitTermination(180)
+    assert flag.exists()  # the failure did happen, and Spark retried the task
+    assert_exactly_once(client, N)
