@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks import nsq_bench
+
 ROOT = Path(__file__).parent.parent
 
 
@@ -21,9 +23,13 @@ def test_quick_benchmark_prints_and_writes_the_table(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     figures = [r["figure"] for r in rows]
-    for expected in ("gRPC MPUB", "gRPC consume", "TCP V2 MPUB", "TCP V2 consume",
-                     "Spark pynsq -> noop", "latency p99", "broker RSS", "durable publish"):
-        assert any(f.startswith(expected) for f in figures), expected
+    expected = ["gRPC MPUB", "gRPC consume", "TCP V2 MPUB", "TCP V2 consume",
+                "Spark pynsq -> noop", "latency p99", "broker RSS", "durable publish",
+                "TLS: gRPC MPUB", "scaling: 1 channel", "scaling: 1000 consumers"]
+    if nsq_bench.nsq_bin() is not None:
+        expected += ["nsq bench_writer", "nsq bench_reader"]
+    for figure in expected:
+        assert any(f.startswith(figure) for f in figures), figure
     for r in rows:
         assert set(r) == {"figure", "value", "unit", "baseline", "ratio", "goal"}
         assert r["value"] > 0
