@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
+from . import deadletter
 from .backlog import Backlog
 from .consumer import Consumer
 from .errors import InvalidRequest, NotInFlight
@@ -44,6 +45,11 @@ class Channel:
         self.timeout_count = 0
         self.finish_count = 0
         self.latency = LatencySample()
+        # Dead letters and expiry (see deadletter.py): None: the broker's --max-attempts.
+        self.max_attempts: int | None = None
+        self.dead_letter_topic = ""
+        self.dead_letter_count = 0
+        self.expired_count = 0
 
     # -- counts -----------------------------------------------------------
     @property
@@ -142,10 +148,9 @@ class Channel:
         """
         if self.paused:
             return []
-        ready = self._ready
         taken = []
         while len(taken) < limit:
-            msg = ready.popleft()
+            msg = self._next_ready()
             if msg is None:
                 break
             taken.append(msg)
@@ -328,10 +333,24 @@ class Channel:
                     break
             else:
                 return
-            msg = ready.popleft()
+            msg = self._next_ready()
             if msg is None:
                 return
             self._start_in_flight(msg, consumer)
+
+    def _next_ready(self) -> Message | None:
+        """The next message to deliver; on the way, those that must not be delivered
+        (expired, or past max_attempts) leave the channel (see deadletter.py)."""
+        while True:
+            msg = self._ready.popleft()
+            if msg is None:
+                return None
+            reason = deadletter.verdict(self, msg, self._clock.wall_ns())
+            if not reason:
+                return msg
+            if not deadletter.remove(self, msg, reason):
+                self._deferred.push(msg, self._clock.monotonic() + deadletter.RETRY_DELAY)
+                self._timers_started()
 
     def _start_in_flight(self, msg: Message, consumer: Consumer) -> None:
         msg.delivered()
@@ -349,6 +368,7 @@ class Channel:
             deferred_count=self.deferred_count, message_count=self.message_count,
             requeue_count=self.requeue_count, timeout_count=self.timeout_count,
             finish_count=self.finish_count, paused=self.paused,
+            dead_letter_count=self.dead_letter_count, expired_count=self.expired_count,
             clients=[ClientStats(c.client_id, c.rdy, len(c.in_flight), c.message_count,
                                  c.finish_count, c.requeue_count) for c in self._consumers],
             e2e_processing_latency=self.latency.percentiles())

@@ -62,6 +62,8 @@ class Options:
     max_msg_size: int = _opt(1024 * 1024, "largest message body, in bytes")
     max_req_timeout: int = _duration(3_600_000, "largest REQ or DPUB delay")
     max_rdy_count: int = _opt(2500, "largest RDY count a consumer may give")
+    max_attempts: int = _opt(0, "deliveries after which a message goes to the channel's "
+                                "dead-letter topic (0: never; a channel may set its own)")
     log_level: str = _opt("info", "debug, info, warning or error")
 
     def __post_init__(self) -> None:
@@ -70,12 +72,14 @@ class Options:
             if f.metadata.get("duration"):
                 setattr(self, f.name, parse_duration_ms(value, name=f.name.replace("_", "-")))
         for name in ("mem_queue_size", "max_msg_size", "max_rdy_count", "sync_every",
-                     "max_bytes_per_file"):
+                     "max_bytes_per_file", "max_attempts"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must not be negative")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ValueError(f"log-level: expected debug, info, warning or error, "
                              f"got {self.log_level!r}")
+        if self.max_attempts > 65535:
+            raise ValueError("max-attempts must be 0 (off) to 65535")
         if self.msg_timeout <= 0:
             raise ValueError("msg-timeout must be positive")
         if self.msg_timeout > self.max_msg_timeout:

@@ -51,6 +51,8 @@ class ChannelStats:
     paused: bool
     clients: list[ClientStats] = field(default_factory=list)
     e2e_processing_latency: list[tuple[float, float]] = field(default_factory=list)
+    dead_letter_count: int = 0          # moved to the dead-letter topic
+    expired_count: int = 0              # past their ttl (dead-lettered or dropped)
 
 
 @dataclass

@@ -16,7 +16,11 @@ Record types, and what recovery does with each (in log order):
 - ``FLUSH``: every held message went to the durable channels named now;
 - ``FIN`` / ``DEFER`` / ``ATTEMPTS`` / ``EMPTY``: one channel's (``""``: the
   topic's held messages) finished ids, deferral, delivery counts, emptying;
-- ``DEDUPE``: an opaque de-duplication entry, written with the MPUB it names.
+- ``DEDUPE``: an opaque de-duplication entry, written with the MPUB it names;
+- ``CONFIG``: a channel's (``""``: the topic's) settings as JSON (dead letters,
+  ttl); the latest one counts, and every segment repeats them after its STATE.
+
+A PUB flagged ``EXPIRES`` carries the message's expiry (wall ns) before its body.
 """
 
 from __future__ import annotations
@@ -33,12 +37,14 @@ MAGIC = b"\xa5\x5a"
 HEADER = struct.Struct(">2sBII")          # magic, type, payload length, crc32
 HEADER_SIZE = HEADER.size
 
-PUB, FIN, DEFER, ATTEMPTS, EMPTY, CHANNEL, TOPIC, STATE, FLUSH, DEDUPE = range(1, 11)
+PUB, FIN, DEFER, ATTEMPTS, EMPTY, CHANNEL, TOPIC, STATE, FLUSH, DEDUPE, CONFIG = range(1, 12)
 CREATE, DELETE, PAUSE, UNPAUSE = 1, 2, 3, 4
 
-HELD = 1
-# PUB: id, publish ns, deliver-at wall ns (0: at once), flags, then the body.
+HELD, EXPIRES = 1, 2
+# PUB: id, publish ns, deliver-at wall ns (0: at once), flags, [expires-at wall ns
+# if EXPIRES], then the body.
 PUB_HEAD = struct.Struct(">QqqB")
+PUB_EXPIRES = struct.Struct(">q")
 ID_AT = struct.Struct(">QqI")             # DEFER: id, deliver-at wall ns, attempts
 ID_ATTEMPTS = struct.Struct(">QI")
 MAX_PAYLOAD = 64 << 20
@@ -56,8 +62,13 @@ def _name(channel: str) -> bytes:
     return bytes((len(name),)) + name
 
 
-def pub(msg_id: int, timestamp: int, deliver_at: int, held: bool, body: bytes) -> bytes:
-    return encode(PUB, PUB_HEAD.pack(msg_id, timestamp, deliver_at, HELD if held else 0) + body)
+def pub(msg_id: int, timestamp: int, deliver_at: int, held: bool, body: bytes,
+        expires: int = 0) -> bytes:
+    flags = (HELD if held else 0) | (EXPIRES if expires else 0)
+    head = PUB_HEAD.pack(msg_id, timestamp, deliver_at, flags)
+    if expires:
+        head += PUB_EXPIRES.pack(expires)
+    return encode(PUB, head + body)
 
 
 def fins(channel: str, msg_ids: list[int]) -> list[bytes]:
@@ -101,6 +112,10 @@ def dedupe(payload: bytes) -> bytes:
     return encode(DEDUPE, payload)
 
 
+def config(channel: str, settings: bytes) -> bytes:
+    return encode(CONFIG, _name(channel) + settings)
+
+
 def _chunks(items: list) -> Iterator[list]:
     for start in range(0, len(items), MAX_IDS_PER_RECORD):
         yield items[start:start + MAX_IDS_PER_RECORD]
@@ -110,10 +125,10 @@ class DamagedRecord(Exception):
     """A record that fails its check."""
 
 
-def pubs_in(block: bytes, first_loc: int) -> dict[int, tuple[int, int, bytes]]:
-    """loc -> (id, publish ns, body) for the valid PUB records at the start of ``block``
+def pubs_in(block: bytes, first_loc: int) -> dict[int, tuple[int, int, bytes, int]]:
+    """loc -> (id, publish ns, body, expires) for the valid PUB records at the start of ``block``
     (read at location ``first_loc``), up to the first record it cuts or that is damaged."""
-    out: dict[int, tuple[int, int, bytes]] = {}
+    out: dict[int, tuple[int, int, bytes, int]] = {}
     pos, size = 0, len(block)
     unpack_head, unpack_pub, crc32 = HEADER.unpack_from, PUB_HEAD.unpack_from, zlib.crc32
     pub_seed = crc32(bytes((PUB,)))
@@ -126,8 +141,12 @@ def pubs_in(block: bytes, first_loc: int) -> dict[int, tuple[int, int, bytes]]:
         if kind == PUB:
             if crc32(view[start:stop], pub_seed) != crc:
                 break
-            msg_id, ts, _, _ = unpack_pub(block, start)
-            out[first_loc + pos] = (msg_id, ts, block[start + PUB_HEAD.size:stop])
+            msg_id, ts, _, flags = unpack_pub(block, start)
+            body_at, expires = start + PUB_HEAD.size, 0
+            if flags & EXPIRES:
+                expires, = PUB_EXPIRES.unpack_from(block, body_at)
+                body_at += PUB_EXPIRES.size
+            out[first_loc + pos] = (msg_id, ts, block[body_at:stop], expires)
         pos = stop
     return out
 
@@ -163,6 +182,10 @@ class Record:
 
     def channel(self) -> str:
         return self._channel()[0]
+
+    def config(self) -> tuple[str, bytes]:
+        channel, pos = self._channel()
+        return channel, bytes(self.payload[pos:])
 
     def channel_op(self) -> tuple[int, str]:
         return self.payload[0], self._channel(1)[0]

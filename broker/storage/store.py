@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import json
 import logging
 import os
 import time
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
+from .. import deadletter
 from ..errors import StorageFailed
 from ..message import Message
 from ..options import Options
@@ -78,6 +80,8 @@ class Store:
     def channel_created(self, channel: "Channel") -> None: ...
     def channel_deleted(self, channel: "Channel") -> None: ...
     def channel_changed(self, channel: "Channel") -> None: ...
+    def config_changed(self, topic: "Topic", channel: "Channel | None") -> None:
+        """The topic's (``channel`` None) or a channel's settings changed."""
     def tick(self) -> None: ...
     def close(self) -> None: ...
 
@@ -112,9 +116,12 @@ class _Logged:
     """The topic's state as its log says it (what a new segment's STATE records)."""
     paused: bool = False
     channels: dict[str, bool] = field(default_factory=dict)
+    config: dict[str, bytes] = field(default_factory=dict)  # "" or channel -> settings
 
     def record(self) -> bytes:
-        return records.state(self.paused, self.channels)
+        return records.state(self.paused, self.channels) + b"".join(
+            records.config(name, data) for name, data in self.config.items()
+            if not name or name in self.channels)
 
 
 Queued = bytes | _Batch | _Change
@@ -199,7 +206,7 @@ class DiskStore(Store):
         now_ns = self.broker.clock.wall_ns()
         held = topic.holds
         parts = [records.pub(int(m.id, 16), m.timestamp,
-                             now_ns + d * 1_000_000 if d else 0, held, m.body)
+                             now_ns + d * 1_000_000 if d else 0, held, m.body, m.expires)
                  for m, d in zip(msgs, defers or [0] * len(msgs))]
         if producer is not None:
             parts.append(records.dedupe(producer))
@@ -225,13 +232,14 @@ class DiskStore(Store):
         """A message that waited on disk only, read back (None: damaged on disk since)."""
         topic_log = self.logs[topic.name]
         try:
-            msg_id, ts, body = topic_log.read_pub(loc)
+            msg_id, ts, body, expires = topic_log.read_pub(loc)
         except (records.DamagedRecord, OSError) as err:
             log.error("%s: the message is lost", err)
             topic_log.release(segment_of(loc))
             return None
         msg = Message(f"{msg_id:016x}", body, ts)
         msg.loc = loc
+        msg.expires = expires
         return msg
 
     def delivered(self, channel: "Channel", msgs: Iterable[Message]) -> None:
@@ -322,8 +330,11 @@ class DiskStore(Store):
     def channel_deleted(self, channel: "Channel") -> None:
         if self._durable(channel):
             name = channel.name
-            self._queue(channel.topic, _Change(records.channel_op(records.DELETE, name),
-                                               lambda logged: logged.channels.pop(name, None)))
+            def apply(logged: _Logged) -> None:
+                logged.channels.pop(name, None)
+                logged.config.pop(name, None)
+
+            self._queue(channel.topic, _Change(records.channel_op(records.DELETE, name), apply))
 
     def channel_changed(self, channel: "Channel") -> None:
         if self._durable(channel):
@@ -335,6 +346,18 @@ class DiskStore(Store):
 
             op = records.PAUSE if paused else records.UNPAUSE
             self._queue(channel.topic, _Change(records.channel_op(op, name), apply))
+
+    def config_changed(self, topic: "Topic", channel: "Channel | None") -> None:
+        if channel is not None and not self._durable(channel):
+            return
+        owner = channel if channel is not None else topic
+        name, data = owner.name if channel is not None else "", json.dumps(
+            deadletter.config_of(owner), sort_keys=True).encode()
+
+        def apply(logged: _Logged) -> None:
+            logged.config[name] = data
+
+        self._queue(topic, _Change(records.config(name, data), apply))
 
     # -- writing what is queued -------------------------------------------
     def _encode_queued(self, name: str) -> tuple[list[Queued], bytes]:
@@ -535,6 +558,7 @@ class DiskStore(Store):
                     elif op == records.DELETE:
                         chans.pop(channel, None)
                         paused.pop(channel, None)
+                        replay.config.pop(channel, None)
                     elif channel in paused:
                         paused[channel] = op == records.PAUSE
                 elif kind == records.TOPIC:
@@ -549,6 +573,9 @@ class DiskStore(Store):
                     paused.update(named)
                 elif kind == records.DEDUPE:
                     replay.dedupe.append((seg, bytes(record.payload)))
+                elif kind == records.CONFIG:
+                    channel, data = record.config()
+                    replay.config[channel] = data
         replay.held = held
         return replay
 
@@ -559,11 +586,16 @@ class DiskStore(Store):
         logged = self._logged[name]
         logged.paused = replay.topic_paused
         logged.channels = {c: replay.paused.get(c, False) for c in replay.channels}
+        logged.config = {c: data for c, data in replay.config.items()
+                         if not c or c in replay.channels}
         topic = self.broker.get_or_create_topic(name)
         topic.paused = replay.topic_paused
         for channel_name in replay.channels:
             channel = topic.get_or_create_channel(channel_name)
             channel.paused = logged.channels[channel_name]
+        for owner_name, data in logged.config.items():
+            owner = topic.channels[owner_name] if owner_name else topic
+            deadletter.apply_config(owner, json.loads(data))
         if replay.max_id:
             self.broker.new_id.advance_past(f"{replay.max_id:016x}")
         for entries in [*replay.channels.values(), replay.held]:
@@ -634,6 +666,7 @@ class _Replay:
     paused: dict[str, bool] = field(default_factory=dict)
     held: dict[int, list[int]] = field(default_factory=dict)
     dedupe: list[tuple[int, bytes]] = field(default_factory=list)
+    config: dict[str, bytes] = field(default_factory=dict)
     max_id: int = 0
 
 
