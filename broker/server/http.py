@@ -14,9 +14,10 @@ from aiohttp import web
 
 from .. import __version__
 from ..core import Broker
-from ..errors import (ChannelNotFound, InvalidChannel, InvalidMessage, InvalidTopic,
-                      MessageTooBig, StorageFailed, TopicNotFound)
+from ..errors import (ChannelNotFound, InvalidChannel, InvalidMessage, InvalidRequest,
+                      InvalidTopic, MessageTooBig, StorageFailed, TopicNotFound)
 from ..names import is_valid_name
+from ..options import parse_duration_ms
 
 SIZE = struct.Struct(">i")
 
@@ -134,13 +135,16 @@ class HttpApi:
             name = self._topic(request)
             try:
                 if action == "create":
-                    self.broker.get_or_create_topic(name)
+                    ttl = _settings(request, {"ttl": _ttl_ms})
+                    self.broker.create_topic(name, ttl_ms=ttl.get("ttl"))
                 elif action == "delete":
                     self.broker.delete_topic(name)
                 else:
                     getattr(self.broker.topic(name), action)()
             except TopicNotFound:
                 return _error(404, "TOPIC_NOT_FOUND")
+            except InvalidRequest as err:
+                return _error(400, _bad_setting(err))
             return web.Response(text="")
         return handle
 
@@ -149,7 +153,11 @@ class HttpApi:
             topic, channel = self._topic(request), self._channel(request)
             try:
                 if action == "create":
-                    self.broker.create_channel(topic, channel)
+                    settings = _settings(request, {"max_attempts": int,
+                                                   "dead_letter_topic": str})
+                    self.broker.create_channel(
+                        topic, channel, max_attempts=settings.get("max_attempts"),
+                        dead_letter_topic=settings.get("dead_letter_topic", ""))
                 elif action == "delete":
                     self.broker.delete_channel(topic, channel)
                 else:
@@ -160,6 +168,10 @@ class HttpApi:
                 return _error(404, "CHANNEL_NOT_FOUND")
             except InvalidChannel:
                 return _error(400, "INVALID_CHANNEL")
+            except InvalidTopic:
+                return _error(400, "INVALID_DEAD_LETTER_TOPIC")
+            except InvalidRequest as err:
+                return _error(400, _bad_setting(err))
             return web.Response(text="")
         return handle
 
@@ -181,6 +193,34 @@ class HttpApi:
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
+
+
+def _ttl_ms(text: str) -> int:
+    return parse_duration_ms(text, name="ttl")
+
+
+def _settings(request: web.Request, parsers: dict) -> dict:
+    """The create settings given in the query, parsed; a bad one is nsqd-style
+    400 ``INVALID_<NAME>``."""
+    out = {}
+    for key, parse in parsers.items():
+        text = request.query.get(key)
+        if text is None or text == "":
+            continue
+        try:
+            out[key] = parse(text)
+        except ValueError:
+            raise web.HTTPBadRequest(text=json.dumps({"message": f"INVALID_{key.upper()}"}),
+                                     content_type="application/json") from None
+    return out
+
+
+def _bad_setting(err: InvalidRequest) -> str:
+    text = str(err)
+    for key in ("max_attempts", "dead_letter_topic", "ttl"):
+        if text.startswith(key):
+            return f"INVALID_{key.upper()}"
+    return "INVALID_REQUEST"
 
 
 def _binary_bodies(body: bytes) -> list[bytes] | None:
@@ -214,6 +254,7 @@ def _topic_json(t) -> dict:
             "in_flight_count": c.in_flight_count, "deferred_count": c.deferred_count,
             "message_count": c.message_count, "requeue_count": c.requeue_count,
             "timeout_count": c.timeout_count, "client_count": len(c.clients), "paused": c.paused,
+            "dead_letter_count": c.dead_letter_count, "expired_count": c.expired_count,
             "e2e_processing_latency": _latency(c.e2e_processing_latency, c.finish_count),
             "clients": [{"client_id": k.client_id, "hostname": k.client_id,
                          "ready_count": k.ready_count, "in_flight_count": k.in_flight_count,
