@@ -168,7 +168,7 @@ class Channel:
         found = self._ready.take_messages(wanted_ids)
         if not found:
             return []
-        taken = [m for m in wanted if id(m) in found]
+        taken = [m for m in wanted if id(m) in found and not self._leaves(m)]
         self._hold_all(holder, taken)
         return taken
 
@@ -343,14 +343,19 @@ class Channel:
         (expired, or past max_attempts) leave the channel (see deadletter.py)."""
         while True:
             msg = self._ready.popleft()
-            if msg is None:
-                return None
-            reason = deadletter.verdict(self, msg, self._clock.wall_ns())
-            if not reason:
+            if msg is None or not self._leaves(msg):
                 return msg
-            if not deadletter.remove(self, msg, reason):
-                self._deferred.push(msg, self._clock.monotonic() + deadletter.RETRY_DELAY)
-                self._timers_started()
+
+    def _leaves(self, msg: Message) -> bool:
+        """Whether ``msg`` (out of the ready queue) must not be delivered; if so it has
+        left the channel, or waits to retry a dead letter that could not be written."""
+        reason = deadletter.verdict(self, msg, self._clock.wall_ns())
+        if not reason:
+            return False
+        if not deadletter.remove(self, msg, reason):
+            self._deferred.push(msg, self._clock.monotonic() + deadletter.RETRY_DELAY)
+            self._timers_started()
+        return True
 
     def _start_in_flight(self, msg: Message, consumer: Consumer) -> None:
         msg.delivered()

@@ -77,9 +77,10 @@ class ReaderOptions:
     num_partitions: int
     timeout_ms: int
     client_id: str
+    max_attempts: int | None = None     # the channel's; None: leave it as the broker has it
 
     NAMES = ("address", "topic", "channel", "maxMessagesPerTrigger", "msgTimeoutMs",
-             "numPartitions", "timeoutMs", "clientId")
+             "numPartitions", "timeoutMs", "clientId", "maxAttempts")
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "ReaderOptions":
@@ -96,4 +97,6 @@ class ReaderOptions:
             num_partitions=_int(given, "numPartitions", 2),
             timeout_ms=_int(given, "timeoutMs", 10_000, minimum=100),
             client_id=given.get("clientid", ""),
+            max_attempts=(_int(given, "maxAttempts", 0, minimum=0)
+                          if given.get("maxattempts") is not None else None),
         )

@@ -115,7 +115,9 @@ class LeaseKeeper:
     def ensure_channel(self) -> None:
         """Create the channel on every broker, so it gets what is published from now on."""
         for session in self._sessions.values():
-            session.client.admin("channel", "create", self.options.topic, self.options.channel)
+            # maxAttempts: a poison message goes to the dead-letter topic after N batches.
+            session.client.create_channel(self.options.topic, self.options.channel,
+                                          max_attempts=self.options.max_attempts)
 
     def depths(self) -> dict[str, int]:
         self.ensure_channel()

@@ -12,7 +12,8 @@
 
 Input columns: ``body`` (BINARY or STRING, required, never null), ``topic``
 (STRING, optional: overrides the topic option per row, as Kafka's sink does),
-``defer_ms`` (integer, optional: DPUB per row). Each partition publishes its
+``defer_ms`` (integer, optional: DPUB per row), ``ttl_ms`` (integer, optional:
+the row's time to live; 0 or null: the topic's). Each partition publishes its
 rows in MPUB batches of ``batchSize``; nothing is collected to the driver.
 
 No duplicates on replay: every MPUB names a producer id — (query id, batch id,
@@ -39,7 +40,7 @@ from broker.client import Client
 
 from .options import OptionError, _check_unknown, _int, _lower, parse_addresses, require_name
 
-BODY, TOPIC, DEFER = "body", "topic", "defer_ms"
+BODY, TOPIC, DEFER, TTL = "body", "topic", "defer_ms", "ttl_ms"
 DEFAULT_BATCH_SIZE = 500
 
 
@@ -68,11 +69,13 @@ class WriterOptions:
         else:
             topic = require_name(given, "topic", "topic")
         check_columns(schema, BODY, DEFER if DEFER in schema.names else None,
-                      TOPIC if TOPIC in schema.names else None)
+                      TOPIC if TOPIC in schema.names else None,
+                      TTL if TTL in schema.names else None)
         return cls(addresses[0], topic, _int(given, "batchSize", DEFAULT_BATCH_SIZE))
 
 
-def check_columns(schema: StructType, body: str, defer: str | None, topic: str | None) -> None:
+def check_columns(schema: StructType, body: str, defer: str | None, topic: str | None,
+                  ttl: str | None = None) -> None:
     """Fail on the driver, naming the column, before any task runs."""
     fields = {f.name: f.dataType for f in schema.fields}
     if body not in fields:
@@ -85,6 +88,8 @@ def check_columns(schema: StructType, body: str, defer: str | None, topic: str |
         raise PublishError(f"defer column {defer!r} must exist and be an integer column")
     if topic is not None and not isinstance(fields.get(topic), StringType):
         raise PublishError(f"topic column {topic!r} must exist and be a STRING column")
+    if ttl is not None and not isinstance(fields.get(ttl), IntegralType):
+        raise PublishError(f"ttl column {ttl!r} must exist and be an integer column")
 
 
 class PartitionPublisher:
@@ -101,10 +106,10 @@ class PartitionPublisher:
         self.sequence = 0
         self.published = 0
         self.row = 0
-        self._pending: dict[str, tuple[list[bytes], list[int]]] = {}
+        self._pending: dict[str, tuple[list[bytes], list[int], list[int]]] = {}
 
     def add(self, body: bytes | str | None, topic: str | None = None,
-            defer_ms: int | None = None) -> None:
+            defer_ms: int | None = None, ttl_ms: int | None = None) -> None:
         row = self.row
         self.row += 1
         if body is None:
@@ -120,18 +125,22 @@ class PartitionPublisher:
         if not topic:
             raise PublishError(f"{self.where}, row {row}: column 'topic' is null and no "
                                f"topic option was given")
-        bodies, defers = self._pending.setdefault(topic, ([], []))
+        if ttl_ms is not None and ttl_ms < 0:
+            raise PublishError(f"{self.where}, row {row}: column 'ttl_ms' is negative")
+        bodies, defers, ttls = self._pending.setdefault(topic, ([], [], []))
         bodies.append(body)
         defers.append(int(defer_ms or 0))
+        ttls.append(int(ttl_ms or 0))
         if len(bodies) >= self.batch_size:
             self._flush(topic)
 
     def _flush(self, topic: str) -> None:
-        bodies, defers = self._pending.pop(topic)
+        bodies, defers, ttls = self._pending.pop(topic)
         # Each request's sequence is its position in this partition's output, so a
         # replay of the same rows names the same requests.
         self.client.multi_publish(topic, bodies, defer_ms=defers if any(defers) else (),
-                                  producer_id=self.producer_id, sequence=self.sequence)
+                                  producer_id=self.producer_id, sequence=self.sequence,
+                                  ttl_ms=ttls if any(ttls) else ())
         self.sequence += 1
         self.published += len(bodies)
 
@@ -152,8 +161,10 @@ class PartitionPublisher:
                       else [None] * len(bodies))
             defers = (batch.column(names.index(DEFER)).to_pylist() if DEFER in names
                       else [None] * len(bodies))
-            for body, topic, defer in zip(bodies, topics, defers):
-                self.add(body, topic, defer)
+            ttls = (batch.column(names.index(TTL)).to_pylist() if TTL in names
+                    else [None] * len(bodies))
+            for body, topic, defer, ttl in zip(bodies, topics, defers, ttls):
+                self.add(body, topic, defer, ttl)
 
 
 def publish_partition(address: str, topic: str | None, producer: str, batch_size: int,
@@ -174,11 +185,12 @@ def publish_partition(address: str, topic: str | None, producer: str, batch_size
 
 def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SIZE,
                  body_column: str = BODY, defer_column: str | None = None,
-                 topic_column: str | None = None):
+                 topic_column: str | None = None, ttl_column: str | None = None):
     """A ``foreachBatch`` function publishing each micro-batch to ``topic``.
 
     ``body_column`` (BINARY or STRING) is required; ``defer_column`` gives a
-    per-row defer in milliseconds; ``topic_column`` overrides ``topic`` per row.
+    per-row defer in milliseconds; ``topic_column`` overrides ``topic`` per row;
+    ``ttl_column`` gives a per-row time to live in milliseconds.
     Each partition publishes from its executor in MPUB batches of
     ``batch_size``. A broker error fails the batch, so Spark retries it; the
     retry publishes nothing already published.
@@ -188,7 +200,7 @@ def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SI
         raise OptionError(f"batch_size must be at least 1, got {batch_size}")
 
     def publish_batch(df, batch_id: int) -> None:
-        check_columns(df.schema, body_column, defer_column, topic_column)
+        check_columns(df.schema, body_column, defer_column, topic_column, ttl_column)
         # Outside a streaming query there is no replay to recognise: a fresh id per call
         # (task retries within the call are still de-duplicated).
         query_id = (df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
@@ -198,6 +210,8 @@ def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SI
             columns.append(df[topic_column].alias(TOPIC))
         if defer_column:
             columns.append(df[defer_column].alias(DEFER))
+        if ttl_column:
+            columns.append(df[ttl_column].alias(TTL))
 
         def publish(batches: Iterator) -> Iterator:
             import pyarrow as pa
