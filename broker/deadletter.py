@@ -99,25 +99,27 @@ def configure_topic(topic: "Topic", ttl_ms: int | None = None) -> None:
     topic.broker.storage.config_changed(topic, None)
 
 
-def config_of(owner: "Topic | Channel") -> dict[str, Any]:
-    """What storage keeps of a topic's or channel's settings (defaults left out)."""
-    if hasattr(owner, "ttl_ms"):
-        return {"ttl_ms": owner.ttl_ms} if owner.ttl_ms else {}
+def settings_of(topic: "Topic", channel: "Channel | None") -> dict[str, Any]:
+    """What storage keeps of the topic's (``channel`` None) or a channel's settings;
+    defaults are left out."""
+    if channel is None:
+        return {"ttl_ms": topic.ttl_ms} if topic.ttl_ms else {}
     out: dict[str, Any] = {}
-    if owner.max_attempts is not None:
-        out["max_attempts"] = owner.max_attempts
-    if owner.dead_letter_topic:
-        out["dead_letter_topic"] = owner.dead_letter_topic
+    if channel.max_attempts is not None:
+        out["max_attempts"] = channel.max_attempts
+    if channel.dead_letter_topic:
+        out["dead_letter_topic"] = channel.dead_letter_topic
     return out
 
 
-def apply_config(owner: "Topic | Channel", config: dict[str, Any]) -> None:
-    """Restore settings read back by storage."""
-    if hasattr(owner, "ttl_ms"):
-        owner.ttl_ms = int(config.get("ttl_ms", 0))
-        return
-    owner.max_attempts = config.get("max_attempts")
-    owner.dead_letter_topic = config.get("dead_letter_topic", "")
+def restore_settings(topic: "Topic", channel: "Channel | None",
+                     settings: dict[str, Any]) -> None:
+    """Put back settings that storage read (what ``settings_of`` gave)."""
+    if channel is None:
+        topic.ttl_ms = int(settings.get("ttl_ms", 0))
+    else:
+        channel.max_attempts = settings.get("max_attempts")
+        channel.dead_letter_topic = settings.get("dead_letter_topic", "")
 
 
 # -- at delivery ---------------------------------------------------------------

@@ -330,6 +330,7 @@ class DiskStore(Store):
     def channel_deleted(self, channel: "Channel") -> None:
         if self._durable(channel):
             name = channel.name
+
             def apply(logged: _Logged) -> None:
                 logged.channels.pop(name, None)
                 logged.config.pop(name, None)
@@ -350,9 +351,8 @@ class DiskStore(Store):
     def config_changed(self, topic: "Topic", channel: "Channel | None") -> None:
         if channel is not None and not self._durable(channel):
             return
-        owner = channel if channel is not None else topic
-        name, data = owner.name if channel is not None else "", json.dumps(
-            deadletter.config_of(owner), sort_keys=True).encode()
+        name = channel.name if channel is not None else ""
+        data = json.dumps(deadletter.settings_of(topic, channel), sort_keys=True).encode()
 
         def apply(logged: _Logged) -> None:
             logged.config[name] = data
@@ -593,9 +593,9 @@ class DiskStore(Store):
         for channel_name in replay.channels:
             channel = topic.get_or_create_channel(channel_name)
             channel.paused = logged.channels[channel_name]
-        for owner_name, data in logged.config.items():
-            owner = topic.channels[owner_name] if owner_name else topic
-            deadletter.apply_config(owner, json.loads(data))
+        for channel_name, data in logged.config.items():
+            deadletter.restore_settings(topic, topic.channels.get(channel_name) if channel_name
+                                        else None, json.loads(data))
         if replay.max_id:
             self.broker.new_id.advance_past(f"{replay.max_id:016x}")
         for entries in [*replay.channels.values(), replay.held]:
