@@ -55,6 +55,7 @@ def test_grpc_consumer_reqing_poison_messages_sends_them_to_the_dead_letter_topi
 
 
 def test_tcp_consumer_reqing_until_dead_lettered_with_http_created_channel(broker, client):
+    assert http(broker, "POST", "/topic/create?topic=jobs")[0] == 200
     status, _ = http(broker, "POST", "/channel/create?topic=jobs&channel=tcp&max_attempts=2"
                                      "&dead_letter_topic=jobs-failed")
     assert status == 200
@@ -138,6 +139,7 @@ def test_http_topic_ttl_applies_to_tcp_publishers_and_expired_go_to_dead_letters
     ("/topic/create?topic=t&ttl=soon", "INVALID_TTL"),
 ])
 def test_http_bad_settings_get_a_400_naming_the_argument(broker, client, path, message):
+    client.create_topic("t")   # /channel/create needs the topic, as nsqd
     assert http(broker, "POST", path) == (400, json.dumps({"message": message}).encode())
     assert client.ping() == "OK"
 
