@@ -5,7 +5,7 @@ names each MPUB with a producer id (it must name the writer: query, sink or
 call, batch, partition) and a sequence number. The broker keeps one entry per
 accepted request for ``window`` seconds of wall-clock time, at most
 ``capacity`` entries (oldest first out): the first message id, the count, and
-a digest of the topic, bodies and defers. A repeat with the same content
+a digest of the topic, bodies, defers and ttls. A repeat with the same content
 publishes nothing and gets the first ids back; a repeat with other content is
 a ``ProducerConflict`` naming the producer, never a silent success.
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.errors import InvalidRequest, InvalidTopic
+from broker.errors import InvalidRequest, InvalidTopic, ProducerConflict
 
 from .corekit import advance, new_broker, subscribe
 
@@ -208,3 +208,15 @@ def test_a_negative_ttl_is_refused_and_nothing_is_published():
     with pytest.raises(InvalidRequest, match="2 ttls for 1 messages"):
         broker.multi_publish("events", [b"a"], ttl_ms=[10, 10])
     assert "events" not in broker.topics or broker.topics["events"].message_count == 0
+
+
+def test_a_producer_repeat_with_other_ttls_is_a_conflict_not_a_silent_drop():
+    broker, _ = new_broker()
+    ids = broker.multi_publish("events", [b"a", b"b"], producer_id="p", sequence=1,
+                               ttl_ms=[5000, 0])
+    assert broker.multi_publish("events", [b"a", b"b"], producer_id="p", sequence=1,
+                                ttl_ms=[5000, 0]) == ids
+    with pytest.raises(ProducerConflict):
+        broker.multi_publish("events", [b"a", b"b"], producer_id="p", sequence=1,
+                             ttl_ms=[9000, 0])
+    assert broker.stats("events")[0].message_count == 2

@@ -109,3 +109,32 @@ def test_a_crash_between_the_dead_letter_and_the_fin_duplicates_but_never_loses(
     dead_again = drain(broker, "events.dead", "audit")
     assert again == {msg_id: b"poison"} or dead_again == {msg_id: b"poison"}
 
+
+
+@pytest.mark.parametrize("stop", RESTARTS)
+def test_a_message_moved_out_of_an_old_file_keeps_its_expiry(tmp_path, stop):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=2048, mem_queue_size=5)
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    old = broker.publish("events", b"old", ttl_ms=4_000_000)
+    ch.set_rdy(consumer, 1)
+    expires = consumer.received[0].expires
+    assert expires
+    ch.requeue(consumer, old, delay=3000)  # waits for 50 minutes, in the first file
+    for i in range(300):
+        broker.publish("events", f"new-{i}".encode() * 5)
+        ch.set_rdy(consumer, 1000)
+        consumer.fin_all()
+    broker.storage.tick()
+    broker.storage.wait_synced()
+    # the first file is gone: "old" was copied to the end of the log
+    assert len(list((tmp_path / "topics" / "t-events").glob("*.log"))) <= 3
+    stop(broker)
+    broker = start(tmp_path, clock, max_bytes_per_file=2048)
+    deferred = broker.channel("events", "work")._deferred.live()
+    assert [(m.id, m.expires) for m in deferred] == [(old, expires)]
+    clock.advance(4001)   # past the deferral and the ttl: never delivered
+    broker.tick()
+    assert drain(broker, "events", "work") == {}
+    assert broker.stats("events", "work")[0].channels[0].expired_count == 1
