@@ -263,7 +263,7 @@ class DiskStore(Store):
         if limit:
             used = sum(t.disk_bytes for t in self.logs.values())
             incoming = sum(len(m.body) + records.HEADER_SIZE + records.PUB_HEAD.size
-                           for m in msgs)
+                           + (records.PUB_EXPIRES.size if m.expires else 0) for m in msgs)
             if used + incoming > limit:
                 raise StorageFailed(f"PUB to {topic.name} refused: the data path holds {used} "
                                     f"bytes, and {incoming} more would pass max-disk-bytes "
