@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
+from . import deadletter
 from .backlog import Backlog
 from .consumer import Consumer
 from .errors import NotInFlight
@@ -44,6 +45,11 @@ class Channel:
         self.timeout_count = 0
         self.finish_count = 0
         self.latency = LatencySample()
+        # Dead letters and expiry (see deadletter.py): None: the broker's --max-attempts.
+        self.max_attempts: int | None = None
+        self.dead_letter_topic = ""
+        self.dead_letter_count = 0
+        self.expired_count = 0
 
     # -- counts -----------------------------------------------------------
     @property
@@ -149,7 +155,7 @@ class Channel:
         taken: list[Message] = []
         size = 0
         while len(taken) < limit:
-            msg = ready.popleft()
+            msg = self._next_ready()
             if msg is None:
                 break
             if max_bytes and taken and size + len(msg.body) > max_bytes:
@@ -171,7 +177,7 @@ class Channel:
         found = self._ready.take_ids(wanted_ids)
         if not found:
             return []
-        taken = [found[i] for i in wanted if i in found]
+        taken = [found[i] for i in wanted if i in found and not self._leaves(found[i])]
         self._hold_all(holder, taken)
         return taken
 
@@ -336,7 +342,7 @@ class Channel:
                     break
             else:
                 break
-            msg = ready.popleft()
+            msg = self._next_ready()
             if msg is None:
                 break
             msg.delivered()
@@ -349,12 +355,32 @@ class Channel:
             self._timers_started()
             self._store.delivered(self, delivered)
 
+    def _next_ready(self) -> Message | None:
+        """The next message to deliver; on the way, those that must not be delivered
+        (expired, or past max_attempts) leave the channel (see deadletter.py)."""
+        while True:
+            msg = self._ready.popleft()
+            if msg is None or not self._leaves(msg):
+                return msg
+
+    def _leaves(self, msg: Message) -> bool:
+        """Whether ``msg`` (out of the ready queue) must not be delivered; if so it has
+        left the channel, or waits to retry a dead letter that could not be written."""
+        reason = deadletter.verdict(self, msg, self._clock.wall_ns())
+        if not reason:
+            return False
+        if not deadletter.remove(self, msg, reason):
+            self._deferred.push(msg, self._clock.monotonic() + deadletter.RETRY_DELAY)
+            self._timers_started()
+        return True
+
     def stats(self) -> ChannelStats:
         return ChannelStats(
             name=self.name, depth=self.depth, in_flight_count=self.in_flight_count,
             deferred_count=self.deferred_count, message_count=self.message_count,
             requeue_count=self.requeue_count, timeout_count=self.timeout_count,
             finish_count=self.finish_count, paused=self.paused,
+            dead_letter_count=self.dead_letter_count, expired_count=self.expired_count,
             clients=[ClientStats(c.client_id, c.rdy, len(c.in_flight), c.message_count,
                                  c.finish_count, c.requeue_count, c.connect_ts)
                      for c in self._consumers],

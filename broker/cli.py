@@ -6,6 +6,8 @@
     pynsq stats
     pynsq topic pause events
     pynsq channel empty events archive
+    pynsq channel create events work --max-attempts 5   # then dead letters go to events.dead
+    pynsq topic create events --ttl 60s                 # messages expire after a minute
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import secrets
 import sys
 
 from .client import Client, ClientError
-from .options import DEFAULT_GRPC_ADDRESS
+from .options import DEFAULT_GRPC_ADDRESS, parse_duration_ms
 
 ADMIN_ACTIONS = ("create", "delete", "empty", "pause", "unpause")
 PUB_BATCH = 500
@@ -39,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("topic")
     pub.add_argument("body", nargs="?")
     pub.add_argument("--defer-ms", type=int, default=0, help="deliver no earlier than this")
+    pub.add_argument("--ttl", type=_duration, default=0,
+                     help="never deliver after this long, e.g. 60s (default: the topic's)")
 
     tail = sub.add_parser("tail", help="print each message body on its own line and FIN it")
     tail.add_argument("topic")
@@ -53,30 +57,64 @@ def build_parser() -> argparse.ArgumentParser:
     topic = sub.add_parser("topic", help="topic admin")
     topic.add_argument("action", choices=ADMIN_ACTIONS)
     topic.add_argument("topic")
+    topic.add_argument("--ttl", type=_duration, default=None,
+                       help="create: default ttl of the topic's messages, e.g. 60s (0: none)")
 
     channel = sub.add_parser("channel", help="channel admin")
     channel.add_argument("action", choices=ADMIN_ACTIONS)
     channel.add_argument("topic")
     channel.add_argument("channel")
+    channel.add_argument("--max-attempts", type=int, default=None,
+                         help="create: deliveries after which a message goes to the "
+                              "dead-letter topic (0: never)")
+    channel.add_argument("--dead-letter-topic", default="",
+                         help="create: where dead letters go (default: TOPIC.dead)")
     return parser
+
+
+def _duration(text: str) -> int:
+    try:
+        return parse_duration_ms(text, name="ttl")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def cmd_admin(client: Client, args: argparse.Namespace) -> int:
+    settings = ({"ttl_ms": args.ttl} if args.command == "topic" and args.ttl is not None
+                else {"max_attempts": args.max_attempts,
+                      "dead_letter_topic": args.dead_letter_topic}
+                if args.command == "channel" else {})
+    given = {k: v for k, v in settings.items() if v not in (None, "")}
+    if given and args.action != "create":
+        options = ", ".join("--" + k.replace("_ms", "").replace("_", "-") for k in given)
+        raise SystemExit(f"pynsq {args.command} {args.action}: {options} only go with create")
+    if args.action == "create" and args.command == "topic":
+        client.create_topic(args.topic, ttl_ms=args.ttl)
+    elif args.action == "create":
+        client.create_channel(args.topic, args.channel, max_attempts=args.max_attempts,
+                              dead_letter_topic=args.dead_letter_topic)
+    else:
+        client.admin(args.command, args.action, args.topic, getattr(args, "channel", ""))
+    return 0
 
 
 def cmd_pub(client: Client, args: argparse.Namespace) -> int:
     if args.body is not None:
-        client.publish(args.topic, args.body.encode(), defer_ms=args.defer_ms)
+        client.publish(args.topic, args.body.encode(), defer_ms=args.defer_ms, ttl_ms=args.ttl)
         return 0
     if args.defer_ms:
         raise SystemExit("pynsq pub: --defer-ms needs a BODY argument")
+    ttls = [args.ttl] if args.ttl else []
     batch: list[bytes] = []
     for line in sys.stdin.buffer:
         line = line.rstrip(b"\r\n")
         if line:
             batch.append(line)
         if len(batch) >= PUB_BATCH:
-            client.multi_publish(args.topic, batch)
+            client.multi_publish(args.topic, batch, ttl_ms=ttls * len(batch))
             batch = []
     if batch:
-        client.multi_publish(args.topic, batch)
+        client.multi_publish(args.topic, batch, ttl_ms=ttls * len(batch))
     return 0
 
 
@@ -111,6 +149,7 @@ def cmd_stats(client: Client, args: argparse.Namespace) -> int:
             print(f"    [{c.name}]{flag} depth: {c.depth} in-flight: {c.in_flight_count} "
                   f"deferred: {c.deferred_count} msgs: {c.message_count} "
                   f"fin: {c.finish_count} req: {c.requeue_count} timeout: {c.timeout_count} "
+                  f"dead: {c.dead_letter_count} expired: {c.expired_count} "
                   f"clients: {len(c.clients)} {latency}".rstrip())
     return 0
 
@@ -126,8 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_tail(client, args)
         if args.command == "stats":
             return cmd_stats(client, args)
-        client.admin(args.command, args.action, args.topic, getattr(args, "channel", ""))
-        return 0
+        return cmd_admin(client, args)
     except ClientError as err:
         print(f"pynsq {args.command}: {err}", file=sys.stderr)
         return 1

@@ -105,20 +105,22 @@ class Client:
 
     # -- publishing -------------------------------------------------------
     def publish(self, topic: str, body: bytes | str, *, defer_ms: int = 0,
-                producer_id: str = "", sequence: int = 0) -> str:
+                producer_id: str = "", sequence: int = 0, ttl_ms: int = 0) -> str:
         if isinstance(body, str):
             body = body.encode()
         request = pb.PublishRequest(topic=topic, body=body, defer_ms=defer_ms,
-                                    producer_id=producer_id, sequence=sequence)
+                                    producer_id=producer_id, sequence=sequence, ttl_ms=ttl_ms)
         return self._call(self.stub.Publish, request).ids[0]
 
     def multi_publish(self, topic: str, bodies: Iterable[bytes | str], *,
                       defer_ms: Iterable[int] = (), producer_id: str = "",
-                      sequence: int = 0) -> list[str]:
-        """MPUB. With ``producer_id``, a replayed (producer_id, sequence) publishes nothing."""
+                      sequence: int = 0, ttl_ms: Iterable[int] = ()) -> list[str]:
+        """MPUB. With ``producer_id``, a replayed (producer_id, sequence) publishes nothing.
+        ``defer_ms`` and ``ttl_ms``: empty, or one per body."""
         data = [b.encode() if isinstance(b, str) else b for b in bodies]
         request = pb.MultiPublishRequest(topic=topic, bodies=data, defer_ms=list(defer_ms),
-                                         producer_id=producer_id, sequence=sequence)
+                                         producer_id=producer_id, sequence=sequence,
+                                         ttl_ms=list(ttl_ms))
         return list(self._call(self.stub.MultiPublish, request).ids)
 
     # -- leases -----------------------------------------------------------
@@ -171,6 +173,18 @@ class Client:
         request = (pb.TopicRequest(topic=topic) if kind == "topic"
                    else pb.ChannelRequest(topic=topic, channel=channel))
         self._call(method, request)
+
+    def create_topic(self, topic: str, *, ttl_ms: int | None = None) -> None:
+        """Create ``topic``; ``ttl_ms`` sets the default ttl of its messages."""
+        self._call(self.stub.CreateTopic, pb.TopicRequest(topic=topic, ttl_ms=ttl_ms))
+
+    def create_channel(self, topic: str, channel: str, *, max_attempts: int | None = None,
+                       dead_letter_topic: str = "") -> None:
+        """Create ``channel``; past ``max_attempts`` deliveries a message goes to
+        ``dead_letter_topic`` (empty: TOPIC.dead)."""
+        self._call(self.stub.CreateChannel, pb.ChannelRequest(
+            topic=topic, channel=channel, max_attempts=max_attempts,
+            dead_letter_topic=dead_letter_topic))
 
     def stats(self, topic: str = "", channel: str = "") -> pb.StatsResponse:
         return self._call(self.stub.Stats, pb.StatsRequest(topic=topic, channel=channel))

@@ -14,6 +14,7 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
+from . import deadletter
 from .channel import Channel
 from .clock import Clock
 from .consumer import Consumer
@@ -68,27 +69,29 @@ class Broker:
 
     # -- publishing -------------------------------------------------------
     def publish(self, topic: str, body: bytes, *, defer_ms: int = 0, producer_id: str = "",
-                sequence: int = 0) -> str:
+                sequence: int = 0, ttl_ms: int = 0) -> str:
         """PUB, or DPUB when ``defer_ms`` > 0. Returns the message id."""
         return self.multi_publish(topic, [body], defer_ms=[defer_ms], producer_id=producer_id,
-                                  sequence=sequence)[0]
+                                  sequence=sequence, ttl_ms=[ttl_ms] if ttl_ms else ())[0]
 
     def multi_publish(self, topic: str, bodies: Iterable[bytes], *,
                       defer_ms: Sequence[int] = (), producer_id: str = "",
-                      sequence: int = 0) -> list[str]:
+                      sequence: int = 0, ttl_ms: Sequence[int] = ()) -> list[str]:
         """MPUB: every body is checked before any is accepted.
 
-        ``defer_ms`` is empty or gives each body its own defer. With a
+        ``defer_ms`` is empty or gives each body its own defer; ``ttl_ms``
+        likewise gives each its time to live (0 or empty: the topic's). With a
         ``producer_id``, a repeat of an accepted (producer_id, sequence) within
         the de-duplication window publishes nothing and returns the first ids if
-        its topic, bodies and defers are the same, and raises
+        its topic, bodies, defers and ttls are the same, and raises
         ``ProducerConflict`` if they differ.
         """
         bodies = list(bodies)
         defers = list(defer_ms)
+        ttls = list(ttl_ms)
         digest = b""
         if producer_id:
-            digest = content_digest(topic, bodies, defers)
+            digest = content_digest(topic, bodies, defers, ttls)
             ids = self.dedupe.seen(producer_id, sequence, digest)
             if ids is not None:
                 return ids
@@ -100,10 +103,18 @@ class Broker:
                                  f"per message or none")
         for d in defers:
             self.check_delay(d, "DPUB defer")
+        if ttls and len(ttls) != len(bodies):
+            raise InvalidRequest(f"{len(ttls)} ttls for {len(bodies)} messages: give one "
+                                 f"per message or none")
+        for ttl in ttls:
+            deadletter.check_ttl_ms(ttl)
         t = self.get_or_create_topic(topic)
         now = self.clock.wall_ns()
         new_id = self.new_id
         msgs = [Message(new_id(), body, now) for body in bodies]
+        if ttls or t.ttl_ms:
+            for msg, ttl in zip(msgs, ttls or [0] * len(msgs)):
+                msg.expires = deadletter.expires_at(now, ttl or t.ttl_ms)
         entry = (self.dedupe.entry(producer_id, sequence, msgs[0].id, len(msgs), digest)
                  if producer_id else None)
         self.storage.published(t, msgs, defers, producer=entry.encode() if entry else None)
@@ -375,9 +386,24 @@ class Broker:
             self._notify("topic_created", name, None)
         return t
 
-    def create_channel(self, topic: str, channel: str) -> Channel:
+    def create_topic(self, name: str, *, ttl_ms: int | None = None) -> Topic:
+        """Create ``name`` if need be; a ``ttl_ms`` given sets the topic's default ttl."""
+        check_topic_name(name)
+        if ttl_ms is not None:
+            deadletter.check_ttl_ms(ttl_ms)
+        t = self.get_or_create_topic(name)
+        deadletter.configure_topic(t, ttl_ms)
+        return t
+
+    def create_channel(self, topic: str, channel: str, *, max_attempts: int | None = None,
+                       dead_letter_topic: str = "") -> Channel:
+        """Create the channel if need be; settings given (not None / "") are set."""
         check_channel_name(channel)
-        return self.get_or_create_topic(topic).get_or_create_channel(channel)
+        check_topic_name(topic)
+        deadletter.check_channel_settings(topic, max_attempts, dead_letter_topic)
+        ch = self.get_or_create_topic(topic).get_or_create_channel(channel)
+        deadletter.configure_channel(ch, max_attempts, dead_letter_topic)
+        return ch
 
     def delete_topic(self, name: str) -> None:
         t = self.topic(name)

@@ -5,7 +5,7 @@ names each MPUB with a producer id (it must name the writer: query, sink or
 call, batch, partition) and a sequence number. The broker keeps one entry per
 accepted request for ``window`` seconds of wall-clock time, at most
 ``capacity`` entries (oldest first out): the first message id, the count, and
-a digest of the topic, bodies and defers. A repeat with the same content
+a digest of the topic, bodies, defers and ttls. A repeat with the same content
 publishes nothing and gets the first ids back; a repeat with other content is
 a ``ProducerConflict`` naming the producer, never a silent success.
 
@@ -33,8 +33,9 @@ DIGEST_SIZE = 16
 _HEAD = struct.Struct(f"<qQIQ{DIGEST_SIZE}s")
 
 
-def content_digest(topic: str, bodies: Sequence[bytes], defers: Sequence[int]) -> bytes:
-    """A digest of what one request publishes: topic, each body, each defer."""
+def content_digest(topic: str, bodies: Sequence[bytes], defers: Sequence[int],
+                   ttls: Sequence[int] = ()) -> bytes:
+    """A digest of what one request publishes: topic, each body, each defer, each ttl."""
     h = hashlib.blake2b(digest_size=DIGEST_SIZE)
     h.update(topic.encode())
     h.update(struct.pack("<I", len(bodies)))
@@ -43,6 +44,9 @@ def content_digest(topic: str, bodies: Sequence[bytes], defers: Sequence[int]) -
         h.update(body)
     if any(defers):
         h.update(struct.pack(f"<{len(defers)}I", *defers))
+    if any(ttls):
+        h.update(b"ttl")
+        h.update(struct.pack(f"<{len(ttls)}Q", *ttls))
     return h.digest()
 
 

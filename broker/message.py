@@ -21,7 +21,7 @@ MAX_ATTEMPTS = 65535
 
 class Message:
     __slots__ = ("id", "body", "timestamp", "attempts", "consumer", "deadline", "token",
-                 "delivered_at", "loc")
+                 "delivered_at", "loc", "expires")
 
     def __init__(self, id: str, body: bytes, timestamp: int, attempts: int = 0) -> None:
         self.id = id
@@ -33,6 +33,7 @@ class Message:
         self.token = 0                      # changes whenever a queued deadline is void
         self.delivered_at = 0.0
         self.loc = 0                        # where its record is on disk (0: nowhere)
+        self.expires = 0                    # never delivered from then on (wall ns; 0: never)
 
     def delivered(self) -> None:
         """Count one more delivery."""
@@ -42,6 +43,7 @@ class Message:
     def copy(self) -> "Message":
         msg = Message(self.id, self.body, self.timestamp, self.attempts)
         msg.loc = self.loc
+        msg.expires = self.expires
         return msg
 
     def __repr__(self) -> str:

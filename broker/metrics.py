@@ -7,8 +7,8 @@ Everything is read from the core when Prometheus scrapes (a custom collector),
 so publishing and delivering pay nothing for it. Per topic (label ``topic``):
 depth, paused, messages and message bytes published. Per channel (labels
 ``topic``, ``channel``): depth, in flight, deferred, clients, paused; messages
-delivered, FINished, requeued and timed out (counters); and the end-to-end
-latency, publish to FIN, as a histogram in seconds. The process (CPU, memory,
+delivered, FINished, requeued, timed out, dead-lettered and expired (counters);
+and the end-to-end latency, publish to FIN, as a histogram in seconds. The process (CPU, memory,
 open files) and the Python runtime (GC) come from prometheus_client's own
 collectors.
 
@@ -74,6 +74,10 @@ class BrokerCollector:
                              "went away).", _CHANNEL)
         c_timed_out = counter("channel_timed_out", "Messages whose in-flight timeout passed.",
                               _CHANNEL)
+        c_dead = counter("channel_dead_letters", "Messages moved to the dead-letter topic "
+                         "(past max attempts, or expired).", _CHANNEL)
+        c_expired = counter("channel_expired", "Messages past their ttl (dead-lettered, or "
+                            "dropped when the channel keeps no dead letters).", _CHANNEL)
         c_latency = HistogramMetricFamily(
             f"{PREFIX}_channel_e2e_processing_latency_seconds",
             "Time from publish to FIN of the channel's messages.", labels=_CHANNEL)
@@ -97,12 +101,14 @@ class BrokerCollector:
                 c_finished.add_metric(labels, c.finish_count)
                 c_requeued.add_metric(labels, c.requeue_count)
                 c_timed_out.add_metric(labels, c.timeout_count)
+                c_dead.add_metric(labels, c.dead_letter_count)
+                c_expired.add_metric(labels, c.expired_count)
                 latency = core_channels[c.name].latency  # the histogram is not in the stats
                 c_latency.add_metric(labels, *_histogram(latency.bucket_counts,
                                                          latency.sum_ms))
         yield from (topics, t_depth, t_paused, t_messages, t_bytes, c_depth, c_in_flight,
                     c_deferred, c_clients, c_paused, c_messages, c_finished, c_requeued,
-                    c_timed_out, c_latency)
+                    c_timed_out, c_dead, c_expired, c_latency)
 
 
 def _histogram(counts: list[int], sum_ms: float) -> tuple[list[tuple[str, float]], float]:

@@ -68,6 +68,8 @@ class Options:
                               "in bytes")
     max_req_timeout: int = _duration(3_600_000, "largest REQ or DPUB delay")
     max_rdy_count: int = _opt(2500, "largest RDY count a consumer may give")
+    max_attempts: int = _opt(0, "deliveries after which a message goes to the channel's "
+                                "dead-letter topic (0: never; a channel may set its own)")
     log_level: str = _opt("info", "debug, info, warning or error")
     lookupd_tcp_address: tuple[str, ...] = _opt(
         (), "host:port of an nsqlookupd's TCP port to register with (repeatable)")
@@ -103,7 +105,7 @@ class Options:
                 setattr(self, f.name, parse_duration_ms(value, name=f.name.replace("_", "-")))
         for name in ("mem_queue_size", "max_msg_size", "max_rdy_count", "sync_every",
                      "max_bytes_per_file", "max_body_size", "max_disk_bytes",
-                     "max_memory_bytes"):
+                     "max_memory_bytes", "max_attempts"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must not be negative")
         self.lookupd_tcp_address = _addresses(self.lookupd_tcp_address, "lookupd-tcp-address")
@@ -117,6 +119,8 @@ class Options:
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ValueError(f"log-level: expected debug, info, warning or error, "
                              f"got {self.log_level!r}")
+        if self.max_attempts > 65535:
+            raise ValueError("max-attempts must be 0 (off) to 65535")
         if self.msg_timeout <= 0:
             raise ValueError("msg-timeout must be positive")
         if self.msg_timeout > self.max_msg_timeout:

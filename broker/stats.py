@@ -63,6 +63,8 @@ class ChannelStats:
     e2e_processing_latency: list[tuple[float, float]] = field(default_factory=list)
     on_disk_count: int = 0          # ready messages that wait on disk only
     disk_bytes: int = 0             # bytes of the topic's files this channel keeps
+    dead_letter_count: int = 0      # moved to the dead-letter topic
+    expired_count: int = 0          # past their ttl (dead-lettered or dropped)
 
 
 @dataclass

@@ -35,6 +35,7 @@ class Topic:
         self._held_later: list[tuple[Message, float]] = []
         self.message_count = 0
         self.message_bytes = 0
+        self.ttl_ms = 0                     # default ttl of its messages (0: none)
 
     @property
     def depth(self) -> int:

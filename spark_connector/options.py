@@ -96,10 +96,11 @@ class ReaderOptions:
     client_id: str
     fail_on_data_loss: bool = True
     security: ClientSecurity = ClientSecurity()  # TLS files, auth secret (never shown)
+    max_attempts: int | None = None     # the channel's; None: leave it as the broker has it
 
     NAMES = ("address", "topic", "channel", "maxMessagesPerTrigger", "maxBytesPerTrigger",
              "msgTimeoutMs", "numPartitions", "timeoutMs", "clientId", "failOnDataLoss",
-             *SPARK_OPTIONS)
+             "maxAttempts", *SPARK_OPTIONS)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "ReaderOptions":
@@ -119,6 +120,8 @@ class ReaderOptions:
             client_id=given.get("clientid", ""),
             fail_on_data_loss=_bool(given, "failOnDataLoss", True),
             security=security_options(given),
+            max_attempts=(_int(given, "maxAttempts", 0, minimum=0)
+                          if given.get("maxattempts") is not None else None),
         )
 
 

@@ -171,8 +171,10 @@ class LeaseKeeper:
     def ensure_channel(self) -> None:
         """Create the channel on every broker, so it gets what is published from now on."""
         o = self.options
+        # maxAttempts: a poison message goes to the dead-letter topic after N batches.
         self._each_broker(list(self._sessions),
-                          lambda s: s.client.admin("channel", "create", o.topic, o.channel),
+                          lambda s: s.client.create_channel(o.topic, o.channel,
+                                                            max_attempts=o.max_attempts),
                           "creating the channel")
 
     def depths(self) -> dict[str, int]:

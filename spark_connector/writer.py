@@ -12,7 +12,8 @@
 
 Input columns: ``body`` (BINARY or STRING, required, never null), ``topic``
 (STRING, optional: overrides the topic option per row, as Kafka's sink does),
-``defer_ms`` (integer, optional: DPUB per row). Each partition publishes its
+``defer_ms`` (integer, optional: DPUB per row), ``ttl_ms`` (integer, optional:
+the row's time to live; 0 or null: the topic's). Each partition publishes its
 rows in MPUB batches of ``batchSize``; nothing is collected to the driver.
 
 No duplicates on replay: every MPUB names a producer id and its sequence
@@ -21,7 +22,7 @@ writer name, batch id, partition), where the writer name is ``producer`` if
 given, else ``to-<topic>`` for ``pub_to_topic`` and the ``producer`` option
 (default ``sink``) for the sink; for batch writes (write id, partition). The
 broker keeps one entry per accepted MPUB (first id, count, and a digest of
-topic, bodies and defers) for its de-duplication window (10 minutes). A replay
+topic, bodies, defers and ttls) for its de-duplication window (10 minutes). A replay
 of the same rows in the same order publishes nothing and gets the first ids; a
 replay whose rows differ (another ``batchSize``, ``numPartitions`` or row order,
 two writers sharing one name, a copied checkpoint) fails the batch with
@@ -47,7 +48,7 @@ from broker.security.client import SPARK_OPTIONS, ClientSecurity
 from .options import (OptionError, _check_unknown, _int, _lower, parse_addresses, require_name,
                       security_options)
 
-BODY, TOPIC, DEFER = "body", "topic", "defer_ms"
+BODY, TOPIC, DEFER, TTL = "body", "topic", "defer_ms", "ttl_ms"
 DEFAULT_BATCH_SIZE = 500
 # An MPUB is also cut before its bodies pass this many bytes, under the broker's
 # --max-body-size (nsqd's default: 5 MiB), so large rows never make a request the
@@ -83,7 +84,8 @@ class WriterOptions:
         else:
             topic = require_name(given, "topic", "topic")
         check_columns(schema, BODY, DEFER if DEFER in schema.names else None,
-                      TOPIC if TOPIC in schema.names else None)
+                      TOPIC if TOPIC in schema.names else None,
+                      TTL if TTL in schema.names else None)
         producer = given.get("producer", "sink")
         check_producer(producer, "option producer")
         return cls(addresses[0], topic, _int(given, "batchSize", DEFAULT_BATCH_SIZE),
@@ -96,7 +98,8 @@ def check_producer(name: str, what: str) -> None:
                           f"got {name!r}")
 
 
-def check_columns(schema: StructType, body: str, defer: str | None, topic: str | None) -> None:
+def check_columns(schema: StructType, body: str, defer: str | None, topic: str | None,
+                  ttl: str | None = None) -> None:
     """Fail on the driver, naming the column, before any task runs."""
     fields = {f.name: f.dataType for f in schema.fields}
     if body not in fields:
@@ -109,6 +112,8 @@ def check_columns(schema: StructType, body: str, defer: str | None, topic: str |
         raise PublishError(f"defer column {defer!r} must exist and be an integer column")
     if topic is not None and not isinstance(fields.get(topic), StringType):
         raise PublishError(f"topic column {topic!r} must exist and be a STRING column")
+    if ttl is not None and not isinstance(fields.get(ttl), IntegralType):
+        raise PublishError(f"ttl column {ttl!r} must exist and be an integer column")
 
 
 class PartitionPublisher:
@@ -125,11 +130,11 @@ class PartitionPublisher:
         self.sequence = 0
         self.published = 0
         self.row = 0
-        self._pending: dict[str, tuple[list[bytes], list[int]]] = {}
+        self._pending: dict[str, tuple[list[bytes], list[int], list[int]]] = {}
         self._pending_bytes: dict[str, int] = {}
 
     def add(self, body: bytes | str | None, topic: str | None = None,
-            defer_ms: int | None = None) -> None:
+            defer_ms: int | None = None, ttl_ms: int | None = None) -> None:
         row = self.row
         self.row += 1
         if body is None:
@@ -145,23 +150,27 @@ class PartitionPublisher:
         if not topic:
             raise PublishError(f"{self.where}, row {row}: column 'topic' is null and no "
                                f"topic option was given")
+        if ttl_ms is not None and ttl_ms < 0:
+            raise PublishError(f"{self.where}, row {row}: column 'ttl_ms' is negative")
         pending = self._pending.get(topic)
         if pending and self._pending_bytes[topic] + len(body) > MAX_REQUEST_BYTES:
             self._flush(topic)
-        bodies, defers = self._pending.setdefault(topic, ([], []))
+        bodies, defers, ttls = self._pending.setdefault(topic, ([], [], []))
         bodies.append(body)
         defers.append(int(defer_ms or 0))
+        ttls.append(int(ttl_ms or 0))
         self._pending_bytes[topic] = self._pending_bytes.get(topic, 0) + len(body)
         if len(bodies) >= self.batch_size:
             self._flush(topic)
 
     def _flush(self, topic: str) -> None:
-        bodies, defers = self._pending.pop(topic)
+        bodies, defers, ttls = self._pending.pop(topic)
         self._pending_bytes.pop(topic, None)
         # Each request's sequence is its position in this partition's output, so a
         # replay of the same rows names the same requests.
         self.client.multi_publish(topic, bodies, defer_ms=defers if any(defers) else (),
-                                  producer_id=self.producer_id, sequence=self.sequence)
+                                  producer_id=self.producer_id, sequence=self.sequence,
+                                  ttl_ms=ttls if any(ttls) else ())
         self.sequence += 1
         self.published += len(bodies)
 
@@ -182,8 +191,10 @@ class PartitionPublisher:
                       else [None] * len(bodies))
             defers = (batch.column(names.index(DEFER)).to_pylist() if DEFER in names
                       else [None] * len(bodies))
-            for body, topic, defer in zip(bodies, topics, defers):
-                self.add(body, topic, defer)
+            ttls = (batch.column(names.index(TTL)).to_pylist() if TTL in names
+                    else [None] * len(bodies))
+            for body, topic, defer, ttl in zip(bodies, topics, defers, ttls):
+                self.add(body, topic, defer, ttl)
 
 
 def publish_partition(address: str, topic: str | None, producer: str, batch_size: int,
@@ -207,11 +218,13 @@ def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SI
                  body_column: str = BODY, defer_column: str | None = None,
                  topic_column: str | None = None, producer: str | None = None,
                  tls_ca: str | None = None, tls_cert: str | None = None,
-                 tls_key: str | None = None, auth_secret: str | None = None):
+                 tls_key: str | None = None, auth_secret: str | None = None,
+                 ttl_column: str | None = None):
     """A ``foreachBatch`` function publishing each micro-batch to ``topic``.
 
     ``body_column`` (BINARY or STRING) is required; ``defer_column`` gives a
-    per-row defer in milliseconds; ``topic_column`` overrides ``topic`` per row.
+    per-row defer in milliseconds; ``topic_column`` overrides ``topic`` per row;
+    ``ttl_column`` gives a per-row time to live in milliseconds.
     Each partition publishes from its executor in MPUB batches of
     ``batch_size``. A broker error fails the batch, so Spark retries it; the
     retry publishes nothing already published. ``producer`` names this writer
@@ -227,7 +240,7 @@ def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SI
     check_producer(writer, "producer")
 
     def publish_batch(df, batch_id: int) -> None:
-        check_columns(df.schema, body_column, defer_column, topic_column)
+        check_columns(df.schema, body_column, defer_column, topic_column, ttl_column)
         # Outside a streaming query there is no replay to recognise: a fresh id per call
         # (task retries within the call are still de-duplicated).
         query_id = (df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
@@ -237,6 +250,8 @@ def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SI
             columns.append(df[topic_column].alias(TOPIC))
         if defer_column:
             columns.append(df[defer_column].alias(DEFER))
+        if ttl_column:
+            columns.append(df[ttl_column].alias(TTL))
 
         def publish(batches: Iterator) -> Iterator:
             import pyarrow as pa

@@ -80,8 +80,8 @@ def test_stats_shows_topics_channels_depths_counts_and_latency(broker, client):
     archive = next(line for line in lines if "[archive]" in line)
     work = next(line for line in lines if "[work]" in line)
     assert "depth: 2 in-flight: 0 deferred: 0 msgs: 2 fin: 0" in archive
-    assert "depth: 0 in-flight: 0 deferred: 0 msgs: 2 fin: 2 req: 0 timeout: 0 clients: 1 p50=" \
-        in work
+    assert ("depth: 0 in-flight: 0 deferred: 0 msgs: 2 fin: 2 req: 0 timeout: 0 dead: 0 "
+            "expired: 0 clients: 1 p50=") in work
     assert "p95=" in work and "p99=" in work
 
 

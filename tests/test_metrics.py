@@ -3,6 +3,7 @@ own parser, after real traffic over gRPC."""
 
 from __future__ import annotations
 
+import time
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -56,6 +57,25 @@ def test_metrics_count_what_happened_per_topic_and_channel(broker, client):
     assert m["pynsq_topic_messages_total"][(("topic", "events"),)] == 10
     assert m["pynsq_topic_message_bytes_total"][(("topic", "events"),)] == 20
     assert m["pynsq_topics"][()] == 1
+
+
+def test_dead_letters_and_expired_messages_are_counted_per_channel(broker, client):
+    client.create_channel("jobs", "work", max_attempts=1)
+    client.publish("jobs", "stale", ttl_ms=1)
+    published_at = time.monotonic()
+    wait_for(lambda: time.monotonic() > published_at + 0.05, 5, message="the ttl to pass")
+    client.publish("jobs", "poison")
+    work = _ch("jobs", "work")
+    with client.subscribe("jobs", "work", rdy=1) as sub:
+        msg = sub.get(timeout=10)
+        assert msg.body == b"poison"   # the expired one was never delivered
+        sub.req(msg.id)
+        wait_for(lambda: scrape(broker)["pynsq_channel_dead_letters_total"].get(work) == 2,
+                 30, message="both messages dead-lettered")
+    m = scrape(broker)
+    assert m["pynsq_channel_expired_total"][work] == 1
+    assert m["pynsq_channel_dead_letters_total"][work] == 2
+    assert m["pynsq_topic_messages_total"][(("topic", "jobs.dead"),)] == 2
 
 
 def test_deferred_and_paused_are_shown(broker, client):

@@ -353,7 +353,7 @@ class StorageModel(RuleBasedStateMachine):
         for item in backlog._items:
             if type(item) is OnDisk:
                 for loc in item.remaining():
-                    msg_id, _, _ = store.logs[topic_name].read_pub(loc)
+                    msg_id, *_ = store.logs[topic_name].read_pub(loc)
                     out[f"{msg_id:016x}"] = (0, None, False)
             else:
                 out[item.id] = (item.attempts, None, False)

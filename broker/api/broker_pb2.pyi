@@ -7,32 +7,36 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PublishRequest(_message.Message):
-    __slots__ = ("topic", "body", "defer_ms", "producer_id", "sequence")
+    __slots__ = ("topic", "body", "defer_ms", "producer_id", "sequence", "ttl_ms")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     DEFER_MS_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     body: bytes
     defer_ms: int
     producer_id: str
     sequence: int
-    def __init__(self, topic: _Optional[str] = ..., body: _Optional[bytes] = ..., defer_ms: _Optional[int] = ..., producer_id: _Optional[str] = ..., sequence: _Optional[int] = ...) -> None: ...
+    ttl_ms: int
+    def __init__(self, topic: _Optional[str] = ..., body: _Optional[bytes] = ..., defer_ms: _Optional[int] = ..., producer_id: _Optional[str] = ..., sequence: _Optional[int] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
 
 class MultiPublishRequest(_message.Message):
-    __slots__ = ("topic", "bodies", "defer_ms", "producer_id", "sequence")
+    __slots__ = ("topic", "bodies", "defer_ms", "producer_id", "sequence", "ttl_ms")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     BODIES_FIELD_NUMBER: _ClassVar[int]
     DEFER_MS_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     bodies: _containers.RepeatedScalarFieldContainer[bytes]
     defer_ms: _containers.RepeatedScalarFieldContainer[int]
     producer_id: str
     sequence: int
-    def __init__(self, topic: _Optional[str] = ..., bodies: _Optional[_Iterable[bytes]] = ..., defer_ms: _Optional[_Iterable[int]] = ..., producer_id: _Optional[str] = ..., sequence: _Optional[int] = ...) -> None: ...
+    ttl_ms: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, topic: _Optional[str] = ..., bodies: _Optional[_Iterable[bytes]] = ..., defer_ms: _Optional[_Iterable[int]] = ..., producer_id: _Optional[str] = ..., sequence: _Optional[int] = ..., ttl_ms: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PublishResponse(_message.Message):
     __slots__ = ("ids",)
@@ -181,18 +185,24 @@ class Heartbeat(_message.Message):
     def __init__(self) -> None: ...
 
 class TopicRequest(_message.Message):
-    __slots__ = ("topic",)
+    __slots__ = ("topic", "ttl_ms")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
     topic: str
-    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+    ttl_ms: int
+    def __init__(self, topic: _Optional[str] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
 
 class ChannelRequest(_message.Message):
-    __slots__ = ("topic", "channel")
+    __slots__ = ("topic", "channel", "max_attempts", "dead_letter_topic")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_TOPIC_FIELD_NUMBER: _ClassVar[int]
     topic: str
     channel: str
-    def __init__(self, topic: _Optional[str] = ..., channel: _Optional[str] = ...) -> None: ...
+    max_attempts: int
+    dead_letter_topic: str
+    def __init__(self, topic: _Optional[str] = ..., channel: _Optional[str] = ..., max_attempts: _Optional[int] = ..., dead_letter_topic: _Optional[str] = ...) -> None: ...
 
 class AdminResponse(_message.Message):
     __slots__ = ()
@@ -231,7 +241,7 @@ class ClientStats(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., ready_count: _Optional[int] = ..., in_flight_count: _Optional[int] = ..., message_count: _Optional[int] = ..., finish_count: _Optional[int] = ..., requeue_count: _Optional[int] = ...) -> None: ...
 
 class ChannelStats(_message.Message):
-    __slots__ = ("name", "depth", "in_flight_count", "deferred_count", "message_count", "requeue_count", "timeout_count", "paused", "clients", "e2e_processing_latency", "finish_count")
+    __slots__ = ("name", "depth", "in_flight_count", "deferred_count", "message_count", "requeue_count", "timeout_count", "paused", "clients", "e2e_processing_latency", "finish_count", "dead_letter_count", "expired_count")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DEPTH_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -243,6 +253,8 @@ class ChannelStats(_message.Message):
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
     E2E_PROCESSING_LATENCY_FIELD_NUMBER: _ClassVar[int]
     FINISH_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_COUNT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_COUNT_FIELD_NUMBER: _ClassVar[int]
     name: str
     depth: int
     in_flight_count: int
@@ -254,7 +266,9 @@ class ChannelStats(_message.Message):
     clients: _containers.RepeatedCompositeFieldContainer[ClientStats]
     e2e_processing_latency: _containers.RepeatedCompositeFieldContainer[Percentile]
     finish_count: int
-    def __init__(self, name: _Optional[str] = ..., depth: _Optional[int] = ..., in_flight_count: _Optional[int] = ..., deferred_count: _Optional[int] = ..., message_count: _Optional[int] = ..., requeue_count: _Optional[int] = ..., timeout_count: _Optional[int] = ..., paused: _Optional[bool] = ..., clients: _Optional[_Iterable[_Union[ClientStats, _Mapping]]] = ..., e2e_processing_latency: _Optional[_Iterable[_Union[Percentile, _Mapping]]] = ..., finish_count: _Optional[int] = ...) -> None: ...
+    dead_letter_count: int
+    expired_count: int
+    def __init__(self, name: _Optional[str] = ..., depth: _Optional[int] = ..., in_flight_count: _Optional[int] = ..., deferred_count: _Optional[int] = ..., message_count: _Optional[int] = ..., requeue_count: _Optional[int] = ..., timeout_count: _Optional[int] = ..., paused: _Optional[bool] = ..., clients: _Optional[_Iterable[_Union[ClientStats, _Mapping]]] = ..., e2e_processing_latency: _Optional[_Iterable[_Union[Percentile, _Mapping]]] = ..., finish_count: _Optional[int] = ..., dead_letter_count: _Optional[int] = ..., expired_count: _Optional[int] = ...) -> None: ...
 
 class TopicStats(_message.Message):
     __slots__ = ("name", "depth", "message_count", "message_bytes", "paused", "channels", "e2e_processing_latency")

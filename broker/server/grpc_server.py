@@ -100,7 +100,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         try:
             ids = [self.broker.publish(request.topic, request.body, defer_ms=request.defer_ms,
                                        producer_id=request.producer_id,
-                                       sequence=request.sequence)]
+                                       sequence=request.sequence, ttl_ms=request.ttl_ms)]
         except BrokerError as err:
             await abort(context, err)
         return pb.PublishResponse(ids=ids)
@@ -110,7 +110,8 @@ class BrokerService(pb_grpc.BrokerServicer):
             ids = self.broker.multi_publish(request.topic, request.bodies,
                                             defer_ms=request.defer_ms,
                                             producer_id=request.producer_id,
-                                            sequence=request.sequence)
+                                            sequence=request.sequence,
+                                            ttl_ms=request.ttl_ms)
         except BrokerError as err:
             await abort(context, err)
         return pb.PublishResponse(ids=ids)
@@ -265,7 +266,9 @@ class BrokerService(pb_grpc.BrokerServicer):
         return pb.AdminResponse()
 
     async def CreateTopic(self, request, context):
-        return await self._admin(context, self.broker.get_or_create_topic, request.topic)
+        ttl_ms = request.ttl_ms if request.HasField("ttl_ms") else None
+        return await self._admin(context, lambda t: self.broker.create_topic(t, ttl_ms=ttl_ms),
+                                 request.topic)
 
     async def DeleteTopic(self, request, context):
         return await self._admin(context, self.broker.delete_topic, request.topic)
@@ -280,8 +283,11 @@ class BrokerService(pb_grpc.BrokerServicer):
         return await self._admin(context, lambda t: self.broker.topic(t).unpause(), request.topic)
 
     async def CreateChannel(self, request, context):
-        return await self._admin(context, self.broker.create_channel, request.topic,
-                                 request.channel)
+        max_attempts = request.max_attempts if request.HasField("max_attempts") else None
+        return await self._admin(
+            context, lambda t, c: self.broker.create_channel(
+                t, c, max_attempts=max_attempts, dead_letter_topic=request.dead_letter_topic),
+            request.topic, request.channel)
 
     async def DeleteChannel(self, request, context):
         return await self._admin(context, self.broker.delete_channel, request.topic,
@@ -396,6 +402,7 @@ def _topic_stats(t) -> pb.TopicStats:
             deferred_count=c.deferred_count, message_count=c.message_count,
             requeue_count=c.requeue_count, timeout_count=c.timeout_count,
             finish_count=c.finish_count, paused=c.paused,
+            dead_letter_count=c.dead_letter_count, expired_count=c.expired_count,
             e2e_processing_latency=_percentiles(c.e2e_processing_latency),
             clients=[pb.ClientStats(client_id=k.client_id, ready_count=k.ready_count,
                                     in_flight_count=k.in_flight_count,

@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 import socket
 import time
-from typing import Awaitable, Callable
+from contextlib import contextmanager
+from typing import Awaitable, Callable, Iterator
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -23,9 +24,10 @@ from aiohttp import web
 from .. import __version__
 from ..core import Broker
 from ..errors import (BodyTooBig, BrokerError, ChannelNotFound, InvalidBody, InvalidChannel,
-                      InvalidMessage, InvalidTopic, MessageTooBig, NotFound, StorageFailed,
-                      TopicNotFound, Unavailable)
+                      InvalidMessage, InvalidRequest, InvalidTopic, MessageTooBig, NotFound,
+                      StorageFailed, TopicNotFound, Unavailable)
 from ..names import is_valid_name
+from ..options import parse_duration_ms
 from ..security.auth import AuthError, AuthFirst, Unauthorized
 from .wire import parse_mpub
 
@@ -264,7 +266,10 @@ class HttpApi:
     def _topic_action(self, action: str):
         async def handle(request: web.Request) -> web.Response:
             if action == "create":
-                self.broker.get_or_create_topic(_topic(request))
+                name = _topic(request)
+                ttl = _settings(request, {"ttl": _ttl_ms})
+                with _bad_settings():
+                    self.broker.create_topic(name, ttl_ms=ttl.get("ttl"))
             else:
                 name = _arg(request, "topic", "MISSING_ARG_TOPIC")
                 if action == "empty" and not is_valid_name(name):
@@ -285,7 +290,11 @@ class HttpApi:
             topic, channel = _topic_and_channel(request)
             self.broker.topic(topic)   # TOPIC_NOT_FOUND first, as nsqd
             if action == "create":
-                self.broker.create_channel(topic, channel)
+                settings = _settings(request, {"max_attempts": int, "dead_letter_topic": str})
+                with _bad_settings():
+                    self.broker.create_channel(
+                        topic, channel, max_attempts=settings.get("max_attempts"),
+                        dead_letter_topic=settings.get("dead_letter_topic", ""))
             elif action == "delete":
                 self.broker.delete_channel(topic, channel)
             else:
@@ -315,6 +324,41 @@ class HttpApi:
             self.runner = None
 
 
+def _ttl_ms(text: str) -> int:
+    return parse_duration_ms(text, name="ttl")
+
+
+def _settings(request: web.Request, parsers: dict) -> dict:
+    """The create settings given in the query, parsed; a bad one is nsqd-style
+    400 ``INVALID_<NAME>``."""
+    out = {}
+    for key, parse in parsers.items():
+        text = request.query.get(key)
+        if text is None or text == "":
+            continue
+        try:
+            out[key] = parse(text)
+        except ValueError:
+            raise HttpError(400, f"INVALID_{key.upper()}") from None
+    return out
+
+
+@contextmanager
+def _bad_settings() -> Iterator[None]:
+    """A create's settings the broker refused: 400 ``INVALID_<SETTING>`` (names are
+    checked before, so a bad topic name here is the dead-letter topic's)."""
+    try:
+        yield
+    except InvalidTopic:
+        raise HttpError(400, "INVALID_DEAD_LETTER_TOPIC") from None
+    except InvalidRequest as err:
+        text = str(err)
+        for key in ("max_attempts", "dead_letter_topic", "ttl"):
+            if text.startswith(key):
+                raise HttpError(400, f"INVALID_{key.upper()}") from None
+        raise
+
+
 def _latency(values: list[tuple[float, float]], count: int) -> dict:
     return {"count": count, "percentiles": [{"quantile": q, "value": int(v * 1e6)}
                                             for q, v in values]}
@@ -332,6 +376,7 @@ def _topic_json(t) -> dict:
             "in_flight_count": c.in_flight_count, "deferred_count": c.deferred_count,
             "message_count": c.message_count, "requeue_count": c.requeue_count,
             "timeout_count": c.timeout_count, "client_count": len(c.clients), "paused": c.paused,
+            "dead_letter_count": c.dead_letter_count, "expired_count": c.expired_count,
             "e2e_processing_latency": _latency(c.e2e_processing_latency, c.finish_count),
             "clients": [{"client_id": k.client_id, "hostname": k.client_id,
                          "ready_count": k.ready_count, "in_flight_count": k.in_flight_count,

@@ -19,7 +19,12 @@ Record types, and what recovery does with each (in log order):
 - ``DEDUPE``: an opaque de-duplication entry, written with the MPUB it names;
 - ``MOVE``: a message copied out of an old segment so the segment can go: it is
   pending in exactly the channels it names (``""``: held by the topic), with
-  their attempts and deliver-at times.
+  their attempts and deliver-at times;
+- ``CONFIG``: a channel's (``""``: the topic's) settings as JSON (dead letters,
+  ttl); the latest one counts, and every segment repeats them after its STATE.
+
+A PUB flagged ``EXPIRES`` carries the message's expiry (wall ns) before its body;
+so does a MOVE whose copy count has its ``MOVE_EXPIRES`` bit set.
 """
 
 from __future__ import annotations
@@ -36,12 +41,15 @@ MAGIC = b"\xa5\x5a"
 HEADER = struct.Struct(">2sBII")          # magic, type, payload length, crc32
 HEADER_SIZE = HEADER.size
 
-PUB, FIN, DEFER, ATTEMPTS, EMPTY, CHANNEL, TOPIC, STATE, FLUSH, DEDUPE, MOVE = range(1, 12)
+PUB, FIN, DEFER, ATTEMPTS, EMPTY, CHANNEL, TOPIC, STATE, FLUSH, DEDUPE, MOVE, CONFIG = \
+    range(1, 13)
 CREATE, DELETE, PAUSE, UNPAUSE = 1, 2, 3, 4
 
-HELD = 1
-# PUB: id, publish ns, deliver-at wall ns (0: at once), flags, then the body.
+HELD, EXPIRES = 1, 2
+# PUB: id, publish ns, deliver-at wall ns (0: at once), flags, [expires-at wall ns
+# if EXPIRES], then the body.
 PUB_HEAD = struct.Struct(">QqqB")
+PUB_EXPIRES = struct.Struct(">q")
 ID_AT = struct.Struct(">QqI")             # DEFER: id, deliver-at wall ns, attempts
 ID_ATTEMPTS = struct.Struct(">QI")
 MAX_PAYLOAD = 64 << 20
@@ -59,8 +67,13 @@ def _name(channel: str) -> bytes:
     return bytes((len(name),)) + name
 
 
-def pub(msg_id: int, timestamp: int, deliver_at: int, held: bool, body: bytes) -> bytes:
-    return encode(PUB, PUB_HEAD.pack(msg_id, timestamp, deliver_at, HELD if held else 0) + body)
+def pub(msg_id: int, timestamp: int, deliver_at: int, held: bool, body: bytes,
+        expires: int = 0) -> bytes:
+    flags = (HELD if held else 0) | (EXPIRES if expires else 0)
+    head = PUB_HEAD.pack(msg_id, timestamp, deliver_at, flags)
+    if expires:
+        head += PUB_EXPIRES.pack(expires)
+    return encode(PUB, head + body)
 
 
 def fins(channel: str, msg_ids: list[int]) -> list[bytes]:
@@ -105,15 +118,23 @@ def dedupe(payload: bytes) -> bytes:
 
 
 MOVE_HEAD = struct.Struct(">QqH")         # id, publish ns, number of copies
+MOVE_EXPIRES = 0x8000                     # in the count: an expiry follows the head
 COPY_AT = struct.Struct(">Iq")            # attempts, deliver-at wall ns (0: at once)
 
 
-def move(msg_id: int, timestamp: int, copies: list[tuple[str, int, int]], body: bytes) -> bytes:
+def move(msg_id: int, timestamp: int, copies: list[tuple[str, int, int]], body: bytes,
+         expires: int = 0) -> bytes:
     """A PUB-like record: ``copies`` are (channel or "" for held, attempts, deliver_at)."""
-    parts = [MOVE_HEAD.pack(msg_id, timestamp, len(copies))]
+    parts = [MOVE_HEAD.pack(msg_id, timestamp, len(copies) | (MOVE_EXPIRES if expires else 0))]
+    if expires:
+        parts.append(PUB_EXPIRES.pack(expires))
     for channel, attempts, deliver_at in copies:
         parts.append(_name(channel) + COPY_AT.pack(attempts, deliver_at))
     return encode(MOVE, b"".join(parts) + body)
+
+
+def config(channel: str, settings: bytes) -> bytes:
+    return encode(CONFIG, _name(channel) + settings)
 
 
 def _chunks(items: list) -> Iterator[list]:
@@ -125,10 +146,10 @@ class DamagedRecord(Exception):
     """A record that fails its check."""
 
 
-def pubs_in(block: bytes, first_loc: int) -> dict[int, tuple[int, int, bytes]]:
-    """loc -> (id, publish ns, body) for the valid PUB records at the start of ``block``
+def pubs_in(block: bytes, first_loc: int) -> dict[int, tuple[int, int, bytes, int]]:
+    """loc -> (id, publish ns, body, expires) for the valid PUB records at the start of ``block``
     (read at location ``first_loc``), up to the first record it cuts or that is damaged."""
-    out: dict[int, tuple[int, int, bytes]] = {}
+    out: dict[int, tuple[int, int, bytes, int]] = {}
     pos, size = 0, len(block)
     unpack_head, unpack_pub, crc32 = HEADER.unpack_from, PUB_HEAD.unpack_from, zlib.crc32
     pub_seed = crc32(bytes((PUB,)))
@@ -141,14 +162,18 @@ def pubs_in(block: bytes, first_loc: int) -> dict[int, tuple[int, int, bytes]]:
         if kind == PUB:
             if crc32(view[start:stop], pub_seed) != crc:
                 break
-            msg_id, ts, _, _ = unpack_pub(block, start)
-            out[first_loc + pos] = (msg_id, ts, block[start + PUB_HEAD.size:stop])
+            msg_id, ts, _, flags = unpack_pub(block, start)
+            body_at, expires = start + PUB_HEAD.size, 0
+            if flags & EXPIRES:
+                expires, = PUB_EXPIRES.unpack_from(block, body_at)
+                body_at += PUB_EXPIRES.size
+            out[first_loc + pos] = (msg_id, ts, block[body_at:stop], expires)
         elif kind == MOVE:
             if crc32(view[start:stop], crc32(bytes((MOVE,)))) != crc:
                 break
             record = Record(MOVE, pos, view[start:stop])
-            msg_id, ts, _, body = record.move()
-            out[first_loc + pos] = (msg_id, ts, body)
+            msg_id, ts, _, body, expires = record.move()
+            out[first_loc + pos] = (msg_id, ts, body, expires)
         pos = stop
     return out
 
@@ -185,16 +210,23 @@ class Record:
     def channel(self) -> str:
         return self._channel()[0]
 
-    def move(self) -> tuple[int, int, list[tuple[str, int, int]], bytes]:
-        """(id, timestamp, [(channel, attempts, deliver_at)], body)."""
+    def move(self) -> tuple[int, int, list[tuple[str, int, int]], bytes, int]:
+        """(id, timestamp, [(channel, attempts, deliver_at)], body, expires)."""
         msg_id, ts, count = MOVE_HEAD.unpack_from(self.payload)
-        pos, copies = MOVE_HEAD.size, []
-        for _ in range(count):
+        pos, copies, expires = MOVE_HEAD.size, [], 0
+        if count & MOVE_EXPIRES:
+            expires, = PUB_EXPIRES.unpack_from(self.payload, pos)
+            pos += PUB_EXPIRES.size
+        for _ in range(count & ~MOVE_EXPIRES):
             channel, pos = self._channel(pos)
             attempts, deliver_at = COPY_AT.unpack_from(self.payload, pos)
             pos += COPY_AT.size
             copies.append((channel, attempts, deliver_at))
-        return msg_id, ts, copies, bytes(self.payload[pos:])
+        return msg_id, ts, copies, bytes(self.payload[pos:]), expires
+
+    def config(self) -> tuple[str, bytes]:
+        channel, pos = self._channel()
+        return channel, bytes(self.payload[pos:])
 
     def channel_op(self) -> tuple[int, str]:
         return self.payload[0], self._channel(1)[0]

@@ -28,6 +28,7 @@ class Replay:
         self.channels: dict[str, int] = {}      # live durable channel -> its bit
         self.paused: dict[str, bool] = {}
         self.dedupe: list[tuple[int, bytes]] = []
+        self.config: dict[str, bytes] = {}      # "" (the topic) or channel -> settings
         self.max_id = 0
         self._keys = array("Q")                  # ids that came in ascending order...
         self._key_slots = array("q")             # ... and their slots
@@ -146,6 +147,7 @@ class Replay:
                 self._create(channel)
             elif op == records.DELETE:
                 self._delete(channel)
+                self.config.pop(channel, None)
             elif channel in self.paused:
                 self.paused[channel] = op == records.PAUSE
         elif kind == records.TOPIC:
@@ -158,7 +160,7 @@ class Replay:
                 self._create(channel)
                 self.paused[channel] = channel_paused
         elif kind == records.MOVE:
-            msg_id, _, copies, _ = record.move()
+            msg_id, _, copies, _, _ = record.move()
             self.max_id = max(self.max_id, msg_id)
             mask = 0
             bits = []
@@ -173,6 +175,9 @@ class Replay:
                 self._deferred[(slot, bit)] = deliver_at
         elif kind == records.DEDUPE:
             self.dedupe.append((seg, bytes(record.payload)))
+        elif kind == records.CONFIG:
+            channel, data = record.config()
+            self.config[channel] = data
 
     # -- results --------------------------------------------------------------
     def pending(self, channel: str | None) -> Iterator[tuple[int, int, int]]:

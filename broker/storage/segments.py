@@ -52,7 +52,7 @@ class TopicLog:
         self.refs: dict[int, int] = {}
         self.sizes: dict[int, int] = {}     # bytes of each segment on disk
         self._readers: dict[int, int] = {}
-        self._read_ahead: dict[int, tuple[int, int, bytes]] = {}
+        self._read_ahead: dict[int, tuple[int, int, bytes, int]] = {}
         self.current = 0
         self._fd = -1
         self._size = 0
@@ -136,8 +136,8 @@ class TopicLog:
         self.retired, self.deleted = [], []
         return work
 
-    def read_pub(self, loc: int) -> tuple[int, int, bytes]:
-        """(id, publish ns, body) of the PUB record at ``loc``. Reads ahead: messages
+    def read_pub(self, loc: int) -> tuple[int, int, bytes, int]:
+        """(id, publish ns, body, expires) of the PUB record at ``loc``. Reads ahead: messages
         waiting on disk come up in log order, so one read serves those that follow."""
         found = self._read_ahead.pop(loc, None)
         if found is not None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import json
 import logging
 import os
 import time
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
+from .. import deadletter
 from ..errors import QueueFull, StorageFailed
 from ..message import Message
 from ..options import Options
@@ -92,6 +94,8 @@ class Store:
     def channel_created(self, channel: "Channel") -> None: ...
     def channel_deleted(self, channel: "Channel") -> None: ...
     def channel_changed(self, channel: "Channel") -> None: ...
+    def config_changed(self, topic: "Topic", channel: "Channel | None") -> None:
+        """The topic's (``channel`` None) or a channel's settings changed."""
     def tick(self) -> None: ...
     def close(self) -> None: ...
 
@@ -168,9 +172,12 @@ class _Logged:
     """The topic's state as its log says it (what a new segment's STATE records)."""
     paused: bool = False
     channels: dict[str, bool] = field(default_factory=dict)
+    config: dict[str, bytes] = field(default_factory=dict)  # "" or channel -> settings
 
     def record(self) -> bytes:
-        return records.state(self.paused, self.channels)
+        return records.state(self.paused, self.channels) + b"".join(
+            records.config(name, data) for name, data in self.config.items()
+            if not name or name in self.channels)
 
 
 Queued = bytes | _Batch | _Change
@@ -256,7 +263,7 @@ class DiskStore(Store):
         if limit:
             used = sum(t.disk_bytes for t in self.logs.values())
             incoming = sum(len(m.body) + records.HEADER_SIZE + records.PUB_HEAD.size
-                           for m in msgs)
+                           + (records.PUB_EXPIRES.size if m.expires else 0) for m in msgs)
             if used + incoming > limit:
                 raise StorageFailed(f"PUB to {topic.name} refused: the data path holds {used} "
                                     f"bytes, and {incoming} more would pass max-disk-bytes "
@@ -264,7 +271,7 @@ class DiskStore(Store):
         now_ns = self.broker.clock.wall_ns()
         held = topic.holds
         parts = [records.pub(int(m.id, 16), m.timestamp,
-                             now_ns + d * 1_000_000 if d else 0, held, m.body)
+                             now_ns + d * 1_000_000 if d else 0, held, m.body, m.expires)
                  for m, d in zip(msgs, defers or [0] * len(msgs))]
         if producer is not None:
             parts.append(records.dedupe(producer))
@@ -290,13 +297,14 @@ class DiskStore(Store):
         """A message that waited on disk only, read back (None: damaged on disk since)."""
         topic_log = self.logs[topic.name]
         try:
-            msg_id, ts, body = topic_log.read_pub(loc)
+            msg_id, ts, body, expires = topic_log.read_pub(loc)
         except (records.DamagedRecord, OSError) as err:
             log.error("%s: the message is lost", err)
             topic_log.release(segment_of(loc))
             return None
         msg = Message(f"{msg_id:016x}", body, ts)
         msg.loc = loc
+        msg.expires = expires
         return msg
 
     def delivered(self, channel: "Channel", msgs: list[Message]) -> None:
@@ -395,8 +403,12 @@ class DiskStore(Store):
     def channel_deleted(self, channel: "Channel") -> None:
         if self._durable(channel):
             name = channel.name
-            self._queue(channel.topic, _Change(records.channel_op(records.DELETE, name),
-                                               lambda logged: logged.channels.pop(name, None)))
+
+            def apply(logged: _Logged) -> None:
+                logged.channels.pop(name, None)
+                logged.config.pop(name, None)
+
+            self._queue(channel.topic, _Change(records.channel_op(records.DELETE, name), apply))
 
     def channel_changed(self, channel: "Channel") -> None:
         if self._durable(channel):
@@ -408,6 +420,17 @@ class DiskStore(Store):
 
             op = records.PAUSE if paused else records.UNPAUSE
             self._queue(channel.topic, _Change(records.channel_op(op, name), apply))
+
+    def config_changed(self, topic: "Topic", channel: "Channel | None") -> None:
+        if channel is not None and not self._durable(channel):
+            return
+        name = channel.name if channel is not None else ""
+        data = json.dumps(deadletter.settings_of(topic, channel), sort_keys=True).encode()
+
+        def apply(logged: _Logged) -> None:
+            logged.config[name] = data
+
+        self._queue(topic, _Change(records.config(name, data), apply))
 
     # -- writing what is queued -------------------------------------------
     def _encode_queued(self, name: str) -> tuple[list[Queued], bytes]:
@@ -502,8 +525,8 @@ class DiskStore(Store):
         try:
             parts = []
             for loc, entry in by_loc.items():
-                msg_id, ts, body = topic_log.read_pub(loc)
-                parts.append(records.move(msg_id, ts, entry, body))
+                msg_id, ts, body, expires = topic_log.read_pub(loc)
+                parts.append(records.move(msg_id, ts, entry, body, expires))
             queued, prefix = self._encode_queued(topic.name)
             start = topic_log.append(prefix + b"".join(parts))
         except (OSError, records.DamagedRecord) as err:
@@ -650,11 +673,16 @@ class DiskStore(Store):
         logged = self._logged[name]
         logged.paused = replay.topic_paused
         logged.channels = {c: replay.paused.get(c, False) for c in replay.channels}
+        logged.config = {c: data for c, data in replay.config.items()
+                         if not c or c in replay.channels}
         topic = self.broker.get_or_create_topic(name)
         topic.paused = replay.topic_paused
         for channel_name in replay.channels:
             channel = topic.get_or_create_channel(channel_name)
             channel.paused = logged.channels[channel_name]
+        for channel_name, data in logged.config.items():
+            deadletter.restore_settings(topic, topic.channels.get(channel_name) if channel_name
+                                        else None, json.loads(data))
         if replay.max_id:
             self.broker.new_id.advance_past(f"{replay.max_id:016x}")
         # Every file on disk is counted, even with nothing pending (left behind by a
