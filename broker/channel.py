@@ -196,22 +196,24 @@ class Channel:
 
     # -- FIN / REQ / TOUCH -----------------------------------------------
     def finish(self, consumer: Consumer, msg_id: str) -> None:
-        self._finish(consumer, msg_id, self._clock.wall_ns())
+        self._store.finished(self, [self._finish(consumer, msg_id, self._clock.wall_ns())])
         self._pump()
 
     def finish_many(self, consumer: Consumer, msg_ids: Iterable[str]) -> list[NotInFlight]:
         """FIN several messages, refilling the consumer once; returns the failures."""
-        failures = []
+        failures, finished = [], []
         wall_ns = self._clock.wall_ns()
         for msg_id in msg_ids:
             try:
-                self._finish(consumer, msg_id, wall_ns)
+                finished.append(self._finish(consumer, msg_id, wall_ns))
             except NotInFlight as err:
                 failures.append(err)
+        self._store.finished(self, finished)
         self._pump()
         return failures
 
-    def _finish(self, consumer: Consumer, msg_id: str, wall_ns: int) -> None:
+    def _finish(self, consumer: Consumer, msg_id: str, wall_ns: int) -> Message:
+        """Take ``msg_id`` out of flight; the caller tells the store."""
         msg = self._held(consumer, msg_id, "FIN")
         del consumer.in_flight[msg_id]
         self._in_flight.cancel(msg)
@@ -219,7 +221,7 @@ class Channel:
         consumer.finish_count += 1
         self.finish_count += 1
         self.latency.add((wall_ns - msg.timestamp) / 1e6)
-        self._store.finished(self, msg)
+        return msg
 
     def finish_all(self, holder: Consumer) -> int:
         """FIN everything ``holder`` has in flight (a lease); returns how many."""
@@ -230,7 +232,7 @@ class Channel:
             self._in_flight.cancel(msg)
             msg.consumer = None
             self.latency.add((wall_ns - msg.timestamp) / 1e6)
-            self._store.finished(self, msg)
+        self._store.finished(self, held)
         holder.finish_count += len(held)
         self.finish_count += len(held)
         self._pump()

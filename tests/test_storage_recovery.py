@@ -360,3 +360,24 @@ def test_a_file_left_behind_by_a_crash_is_deleted_before_the_fins_that_follow_it
     crash(broker)
     broker = start(tmp_path, clock, max_bytes_per_file=1024)
     assert drain(broker, "events", "work") == {}
+
+
+def test_a_held_dpub_moved_out_of_an_old_file_keeps_its_time_once_it_reaches_channels(
+        tmp_path):
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    broker.create_channel("events", "work")
+    broker.topic("events").pause()
+    later = broker.publish("events", b"later", defer_ms=5000)
+    for _ in range(2):  # each start opens a file: three files, the first held by one copy
+        clean(broker)
+        broker = start(tmp_path, clock)
+    clock.advance(1)
+    broker.storage.tick()  # the copy is moved out of the first file
+    assert min(broker.storage.logs["events"].refs) > 1
+    broker.topic("events").unpause()
+    clean(broker)
+    broker = start(tmp_path, clock)
+    deferred = broker.channel("events", "work")._deferred.live()
+    assert [m.id for m in deferred] == [later]
+    assert deferred[0].deadline == pytest.approx(clock.monotonic() + 4, abs=1e-3)

@@ -130,9 +130,16 @@ class Replay:
                 self._deferred[(slot, bit)] = deliver_at
         elif kind == records.FLUSH:
             live, masks = self._live(), self._masks
+            bits = list(self.channels.values())
             for slot in self._held:
                 if masks[slot] & HELD:
                     masks[slot] = (masks[slot] & ~HELD) | live
+                    # A held copy's own time (from a MOVE) goes with it to each channel.
+                    for overrides in (self._attempts, self._deferred):
+                        value = overrides.pop((slot, HELD), None)
+                        if value is not None:
+                            for bit in bits:
+                                overrides[(slot, bit)] = value
             self._held = []
         elif kind == records.EMPTY:
             channel = record.channel()

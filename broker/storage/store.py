@@ -45,7 +45,7 @@ from ..message import Message
 from ..options import Options
 from . import fileops, records
 from .replay import Replay
-from .segments import TopicLog, segment_of
+from .segments import OFFSET_BITS, TopicLog, segment_of
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -79,7 +79,7 @@ class Store:
         raise AssertionError("a memory-only broker has nothing on disk")
 
     def delivered(self, channel: "Channel", msgs: Iterable[Message]) -> None: ...
-    def finished(self, channel: "Channel", msg: Message) -> None: ...
+    def finished(self, channel: "Channel", msgs: list[Message]) -> None: ...
     def deferred(self, channel: "Channel", msg: Message, delay: float) -> None: ...
     def dropped(self, topic: "Topic", channel: "Channel | None", msgs: list[Message],
                 on_disk: list[int]) -> None:
@@ -130,9 +130,9 @@ class MemoryStore(Store):
                             f"retry once consumers catch up")
         self.queued_bytes += incoming
 
-    def finished(self, channel: "Channel", msg: Message) -> None:
+    def finished(self, channel: "Channel", msgs: list[Message]) -> None:
         if self.limit:
-            self.queued_bytes -= len(msg.body)
+            self.queued_bytes -= sum(len(m.body) for m in msgs)
 
     def dropped(self, topic: "Topic", channel: "Channel | None", msgs: list[Message],
                 on_disk: list[int]) -> None:
@@ -311,13 +311,21 @@ class DiskStore(Store):
         if self._durable(channel):
             self._queue_batch(channel, records.ATTEMPTS, msgs)
 
-    def finished(self, channel: "Channel", msg: Message) -> None:
-        if not msg.loc:
+    def finished(self, channel: "Channel", msgs: list[Message]) -> None:
+        per_segment: dict[int, int] = {}
+        for msg in msgs:
+            if msg.loc:
+                seg = msg.loc >> OFFSET_BITS
+                per_segment[seg] = per_segment.get(seg, 0) + 1
+        if not per_segment:
             return
         if self._durable(channel):
-            self._queue_batch(channel, records.FIN, [int(msg.id, 16)])
-        self.logs[channel.topic.name].release(segment_of(msg.loc))
-        msg.loc = 0
+            self._queue_batch(channel, records.FIN, [int(m.id, 16) for m in msgs if m.loc])
+        for msg in msgs:
+            msg.loc = 0  # gone: no delivery count is written for it any more
+        topic_log = self.logs[channel.topic.name]
+        for seg, count in per_segment.items():
+            topic_log.release(seg, count)
 
     def deferred(self, channel: "Channel", msg: Message, delay: float) -> None:
         if msg.loc and self._durable(channel):
