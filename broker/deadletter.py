@@ -158,5 +158,5 @@ def remove(channel: "Channel", msg: Message, reason: str) -> bool:
         channel.expired_count += 1
     if target:
         channel.dead_letter_count += 1
-    channel.topic.broker.storage.finished(channel, msg)
+    channel.topic.broker.storage.finished(channel, [msg])
     return True
