@@ -22,12 +22,13 @@ import time
 
 try:
     from .common import free_port, start_pynsqd, stop, wait_listening
+    from .tcp_throughput import read_frames
 except ImportError:  # run as a script
     from common import free_port, start_pynsqd, stop, wait_listening
+    from tcp_throughput import read_frames
 
 BATCH, SIZE = 200, 100
 BODY = b"x" * SIZE
-FRAME_HEAD = struct.Struct(">ii")
 
 # (family, label, topics, channels per topic, consumers per channel)
 SHAPES = [
@@ -50,24 +51,6 @@ def cpu_seconds(pid: int) -> float:
 def mpub(topic: str, bodies: int) -> bytes:
     body = struct.pack(">i", bodies) + (struct.pack(">i", SIZE) + BODY) * bodies
     return b"MPUB %s\n" % topic.encode() + struct.pack(">i", len(body)) + body
-
-
-async def read_frames(reader: asyncio.StreamReader, buf: bytearray) -> list[tuple[int, bytes]]:
-    frames: list[tuple[int, bytes]] = []
-    while not frames:
-        chunk = await reader.read(1 << 20)
-        if not chunk:
-            raise ConnectionError("the broker closed the connection")
-        buf += chunk
-        pos = 0
-        while len(buf) - pos >= 8:
-            size, kind = FRAME_HEAD.unpack_from(buf, pos)
-            if len(buf) - pos < 4 + size:
-                break
-            frames.append((kind, bytes(buf[pos + 8:pos + 4 + size])))
-            pos += 4 + size
-        del buf[:pos]
-    return frames
 
 
 async def subscribe(port: int, topic: str, channel: str) -> tuple:
