@@ -91,3 +91,48 @@ def test_a_task_failing_after_publishing_part_of_its_partition_duplicates_nothin
     assert query.awaitTermination(180)
     assert flag.exists()  # the failure did happen, and Spark retried the task
     assert_exactly_once(client, N)
+
+
+def test_a_batch_write_task_failing_after_publishing_part_of_its_partition_writes_each_row_once(
+        spark, broker, client, tmp_path):
+    client.admin("channel", "create", "b", "check")
+    flag_path, address = str(tmp_path / "failed-once"), broker.address
+
+    def fail_once_after_a_partial_publish(batches):
+        import os
+
+        from broker import Client
+
+        from tests.helpers import wait_for
+        from tests.spark_helpers import channel_stats
+
+        ctx = TaskContext.get()
+        sent = 0
+        for batch in batches:
+            for i in range(batch.num_rows):  # row by row, so the writer flushes as it goes
+                yield batch.slice(i, 1)
+                sent += 1
+                if ctx.partitionId() == 0 and sent == 25 and not os.path.exists(flag_path):
+                    with Client(address, timeout=10) as c:  # the writer's task has published
+                        try:
+                            depth = wait_for(lambda: channel_stats(c, "b", "check").depth, 60)
+                        except AssertionError:
+                            depth = 0
+                    with open(flag_path, "w") as f:
+                        f.write(str(depth))
+                    raise RuntimeError("injected failure after publishing part of the partition")
+
+    # One partition: whatever is in "b" when the task fails, that task published. Rows of
+    # 8 KB so that Spark passes the first ones on to the writer before the task ends.
+    bodies = [f"MSG-{i}-".ljust(8000, "x") for i in range(N)]
+    df = spark.createDataFrame([(b,) for b in bodies], "body STRING").repartition(1)
+    df = df.mapInArrow(fail_once_after_a_partial_publish, df.schema)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "10")
+    try:
+        (df.write.format("pynsq").option("address", broker.address).option("topic", "b")
+         .option("batchSize", 10).mode("append").save())
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    # The failure did happen after part of the partition was published, and Spark retried.
+    assert 0 < int((tmp_path / "failed-once").read_text()) < N
+    assert assert_exactly_once(client, N) == Counter(b.encode() for b in bodies)
