@@ -66,32 +66,54 @@ def test_a_task_failing_after_publishing_part_of_its_partition_duplicates_nothin
         spark, broker, client, tmp_path, kind):
     client.admin("channel", "create", "b", "check")
     publish(client, "a", N)
-    flag = tmp_path / "failed-once"
-    flag_path = str(flag)
+    flag_path, address = str(tmp_path / "failed-once"), broker.address
 
-    def fail_midway_once(batches):
+    def pad_and_fail_once_after_a_partial_publish(batches):
         import os
+
+        import pyarrow as pa
+
+        from broker import Client
+
+        from tests.helpers import wait_for
+        from tests.spark_helpers import channel_stats
 
         ctx = TaskContext.get()
         sent = 0
         for batch in batches:
-            for i in range(batch.num_rows):  # row by row, so the writer flushes as it goes
+            # Rows of 8 KB, one by one, so Spark passes the first ones on to the writer.
+            padded = pa.array([b.ljust(8000, "x") for b in batch.column(0).to_pylist()])
+            batch = pa.RecordBatch.from_arrays([padded], schema=batch.schema)
+            for i in range(batch.num_rows):
                 yield batch.slice(i, 1)
                 sent += 1
-                if ctx.partitionId() == 0 and sent == 25 and not os.path.exists(flag_path):
-                    open(flag_path, "w").close()
+                if sent == 25 and not os.path.exists(flag_path):
+                    with Client(address, timeout=10) as c:  # the writer's task has published
+                        try:
+                            depth = wait_for(lambda: channel_stats(c, "b", "check").depth, 60)
+                        except AssertionError:
+                            depth = 0
+                    with open(flag_path, "w") as f:
+                        f.write(str(depth))
                     raise RuntimeError("injected failure after publishing part of the partition")
 
-    df = reader(spark, broker.address, "a", maxMessagesPerTrigger=100).selectExpr(
-        "CAST(body AS STRING) AS body")
-    df = df.mapInArrow(fail_midway_once, df.schema)
-    query = writer_of(kind, broker.address)(
-        df.writeStream.option("checkpointLocation", str(tmp_path / "ck"))
-        .trigger(availableNow=True)).start()
-    assert query.awaitTermination(180)
-    assert flag.exists()  # the failure did happen, and Spark retried the task
-    assert_exactly_once(client, N)
-
+    # One partition per batch: whatever is in "b" when the task fails, that task published.
+    df = reader(spark, broker.address, "a", maxMessagesPerTrigger=100, numPartitions=1) \
+        .selectExpr("CAST(body AS STRING) AS body")
+    df = df.mapInArrow(pad_and_fail_once_after_a_partial_publish, df.schema)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "10")
+    try:
+        query = writer_of(kind, broker.address)(
+            df.writeStream.option("checkpointLocation", str(tmp_path / "ck"))
+            .trigger(availableNow=True)).start()
+        assert query.awaitTermination(180)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert query.exception() is None
+    # The failure did happen after part of the partition was published, and Spark retried.
+    assert 0 < int((tmp_path / "failed-once").read_text()) < N
+    bodies = assert_exactly_once(client, N)
+    assert {b[:b.index(b"x")] for b in bodies} == {f"msg-{i}".encode() for i in range(N)}
 
 def test_a_batch_write_task_failing_after_publishing_part_of_its_partition_writes_each_row_once(
         spark, broker, client, tmp_path):
