@@ -7,7 +7,12 @@ its message count equal N (nothing lost, nothing duplicated).
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from pyspark import TaskContext
@@ -16,10 +21,11 @@ from spark_connector import pub_to_topic
 
 from .faultproxy import FaultProxy
 from .helpers import wait_for
-from .spark_helpers import publish, reader
+from .spark_helpers import channel_stats, publish, reader
 from .test_spark_writers import drain
 
 N = 300
+DRIVER = Path(__file__).parent / "drivers" / "stream_to_file.py"
 
 
 def writer_of(kind: str, address: str):
@@ -158,3 +164,47 @@ def test_a_batch_write_task_failing_after_publishing_part_of_its_partition_write
     # The failure did happen after part of the partition was published, and Spark retried.
     assert 0 < int((tmp_path / "failed-once").read_text()) < N
     assert assert_exactly_once(client, N) == Counter(b.encode() for b in bodies)
+
+
+def relay_driver(address: str, tmp_path: Path, name: str, *extra: str) -> subprocess.Popen:
+    """A Spark driver process relaying topic ``a`` to ``b`` (pub_to_topic), 100 per batch."""
+    return subprocess.Popen(
+        [sys.executable, str(DRIVER), "--address", address, "--topic", "a", "--channel", "spark",
+         "--checkpoint", str(tmp_path / "ck"), "--out", str(tmp_path / "ids.txt"),
+         "--sink-topic", "b", "--max-per-trigger", "100", "--option", "msgTimeoutMs=2000",
+         *extra],
+        start_new_session=True, stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / f"{name}.log", "wb"))
+
+
+def test_a_driver_frozen_past_msg_timeout_and_replaced_by_a_new_one_duplicates_nothing(
+        broker, client, tmp_path):
+    client.admin("channel", "create", "b", "check")
+    published = publish(client, "a", N)
+    marker = tmp_path / "hanging"
+    frozen = relay_driver(broker.address, tmp_path, "frozen", "--hang-on-batch", "1",
+                          "--marker", str(marker))
+    try:
+        # Batch 1 has published to "b" and hangs before it commits; then the driver freezes.
+        wait_for(marker.exists, 240, interval=0.1, message="the driver to reach batch 1")
+        os.killpg(frozen.pid, signal.SIGSTOP)
+        # A frozen driver TOUCHes nothing: its batch's lease times out and is requeued.
+        wait_for(lambda: channel_stats(client, "a").in_flight_count == 0, 60,
+                 interval=0.1, message="the frozen driver's lease to time out")
+        frozen_batch = marker.read_text().split()
+        assert len(frozen_batch) == 100
+        assert channel_stats(client, "a").timeout_count >= len(frozen_batch)
+        assert channel_stats(client, "b", "check").depth == 200  # batches 0 and 1 published
+
+        successor = relay_driver(broker.address, tmp_path, "successor", "--available-now")
+        try:
+            assert successor.wait(300) == 0, (tmp_path / "successor.log").read_text()[-3000:]
+        finally:
+            if successor.poll() is None:
+                os.killpg(successor.pid, signal.SIGKILL)
+                successor.wait(30)
+    finally:
+        os.killpg(frozen.pid, signal.SIGKILL)
+        frozen.wait(30)
+    assert set((tmp_path / "ids.txt").read_text().split()) == published
+    assert_exactly_once(client, N)

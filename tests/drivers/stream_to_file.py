@@ -3,10 +3,11 @@ append the ids of every completed micro-batch to a file.
 
     python stream_to_file.py --address A --topic T --channel C --checkpoint DIR --out FILE
         [--master local[2]] [--max-per-trigger N] [--available-now]
-        [--hang-on-batch N --marker FILE] [--option KEY=VALUE ...]
+        [--hang-on-batch N --marker FILE] [--option KEY=VALUE ...] [--sink-topic T]
 
 With --hang-on-batch, batch N writes the marker file once its rows are read and
-then hangs, so that a test can kill the driver mid-batch.
+then hangs, so that a test can kill the driver mid-batch. With --sink-topic, each
+batch is first relayed to that topic with ``pub_to_topic`` (batches of 10).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def main() -> None:
     parser.add_argument("--available-now", action="store_true")
     parser.add_argument("--hang-on-batch", type=int, default=-1)
     parser.add_argument("--marker", default="")
+    parser.add_argument("--sink-topic", default="")
     parser.add_argument("--option", action="append", default=[],
                         help="KEY=VALUE: another option of the source (tlsCaFile, authSecret)")
     args = parser.parse_args()
@@ -51,7 +53,15 @@ def main() -> None:
     if args.max_per_trigger:
         reader = reader.option("maxMessagesPerTrigger", args.max_per_trigger)
 
+    sink = None
+    if args.sink_topic:
+        from spark_connector import pub_to_topic
+
+        sink = pub_to_topic(args.address, args.sink_topic, batch_size=10)
+
     def record(df, batch_id: int) -> None:
+        if sink is not None:
+            sink(df.selectExpr("CAST(body AS STRING) AS body"), batch_id)
         ids = [row.id for row in df.select("id").collect()]
         if batch_id == args.hang_on_batch:
             with open(args.marker, "w") as f:
