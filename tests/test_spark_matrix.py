@@ -20,7 +20,7 @@ from pyspark import TaskContext
 from spark_connector import pub_to_topic
 
 from .faultproxy import FaultProxy
-from .helpers import wait_for
+from .helpers import Daemon, wait_for
 from .spark_helpers import channel_stats, publish, reader
 from .test_spark_writers import drain
 
@@ -208,3 +208,61 @@ def test_a_driver_frozen_past_msg_timeout_and_replaced_by_a_new_one_duplicates_n
         frozen.wait(30)
     assert set((tmp_path / "ids.txt").read_text().split()) == published
     assert_exactly_once(client, N)
+
+
+def test_a_durable_broker_killed_mid_batch_duplicates_exactly_that_batch_and_loses_nothing(
+        spark, tmp_path):
+    import threading
+
+    from broker import Client
+
+    data = str(tmp_path / "data")
+    daemon = Daemon("--data-path", data).wait_ready()
+    client = Client(daemon.address, timeout=10)
+    try:
+        client.admin("channel", "create", "b", "check")
+        publish(client, "a", N)
+        sink = pub_to_topic(daemon.address, "b", batch_size=10)
+        published_batch_1, restarted = threading.Event(), threading.Event()
+        batch_1: list[bytes] = []
+
+        def relay(df, batch_id):
+            sink(df, batch_id)
+            if not published_batch_1.is_set() and batch_id == 1:
+                # Batch 1 has published to "b"; the broker dies before the batch commits.
+                batch_1.extend(r.body.encode() for r in df.select("body").collect())
+                published_batch_1.set()
+                assert restarted.wait(120)
+
+        df = reader(spark, daemon.address, "a", maxMessagesPerTrigger=100,
+                    msgTimeoutMs=2000).selectExpr("CAST(body AS STRING) AS body")
+        query = (df.writeStream.foreachBatch(relay)
+                 .option("checkpointLocation", str(tmp_path / "ck"))
+                 .trigger(processingTime="100 milliseconds").start())
+        try:
+            wait_for(published_batch_1.is_set, 180, message="batch 1 to publish")
+            daemon.kill()  # SIGKILL mid-batch
+            client.close()
+            daemon = Daemon("--data-path", data, port=daemon.port).wait_ready()
+            client = Client(daemon.address, timeout=10)
+            restarted.set()
+            wait_for(lambda: channel_stats(client, "b", "check").depth >= N
+                     and channel_stats(client, "a").depth == 0
+                     and channel_stats(client, "a").in_flight_count == 0
+                     or query.exception() is not None, 240, interval=0.2,
+                     message="every message relayed")
+        finally:
+            restarted.set()
+            query.stop()
+        assert query.exception() is None
+        bodies = drain(client, "b")
+        print("durable broker killed mid-batch:", N, "published,", len(bodies), "distinct,",
+              sum(bodies.values()), "relayed, batch 1 read", len(batch_1))
+        assert set(bodies) == {f"msg-{i}".encode() for i in range(N)}  # nothing lost
+        # The killed batch's lease died with the broker: a later batch reads its messages
+        # again, and they are published again. Those, and only those, appear twice.
+        assert {b for b, n in bodies.items() if n > 1} == set(batch_1)
+        assert sum(bodies.values()) == N + len(batch_1)
+    finally:
+        client.close()
+        daemon.kill()
