@@ -82,6 +82,10 @@ def open_channel(address: str, **security: str | None) -> grpc.Channel:
         ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE),
         ("grpc.max_send_message_length", MAX_GRPC_MESSAGE),
         ("grpc.enable_retries", 0),
+        # A broker that restarts is found again within a second, not after gRPC's
+        # default back-off of up to two minutes.
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1000),
     ], **security)
 
 

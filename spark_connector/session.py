@@ -136,8 +136,10 @@ class LeaseKeeper:
                                     f"{', '.join(self.options.addresses)}")
 
     def _each_broker(self, addresses: Iterable[str], action: Callable[[_BrokerSession], object],
-                     what: str) -> dict[str, object]:
-        """Run ``action`` on each broker; one that fails does not stop the others."""
+                     what: str, may_fail_query: bool = True) -> dict[str, object]:
+        """Run ``action`` on each broker; one that fails does not stop the others. With
+        ``failOnDataLoss`` a broker that stays unreachable fails the query, unless the
+        call cannot lose data (``may_fail_query=False``: a FIN is kept and sent again)."""
         results: dict[str, object] = {}
         for address in addresses:
             session = self._sessions.get(address)
@@ -153,7 +155,7 @@ class LeaseKeeper:
                     log.warning("pynsq: %s on %s failed (%s); retrying once", what, address, err)
                     results[address] = action(session)
             except BrokerUnavailable as err:
-                if self.options.fail_on_data_loss:
+                if self.options.fail_on_data_loss and may_fail_query:
                     raise unreachable(address, err) from None
                 log.warning("pynsq: %s on %s failed: %s", what, address, err)
         return results
@@ -269,8 +271,11 @@ class LeaseKeeper:
             for leases in groups:
                 for lease in leases.values():
                     by_address.setdefault(lease["address"], set()).add(lease["lease"])
+        # A FIN that does not get through loses nothing: it is kept and sent with the next
+        # commit (its messages may be read again meanwhile), so it never fails the query.
         finished = self._each_broker(
-            by_address, lambda s: s.client.finish_leases(sorted(by_address[s.address])), "FIN")
+            by_address, lambda s: s.client.finish_leases(sorted(by_address[s.address])), "FIN",
+            may_fail_query=False)
         with self._lock:
             for address, ids in by_address.items():
                 if address not in finished and address in self._sessions:
