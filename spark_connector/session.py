@@ -48,7 +48,7 @@ class _BrokerSession:
             self.open()
         except BrokerUnavailable as err:
             self.client.close()
-            raise unreachable(address, err) from None
+            raise unreachable(address, err, options) from None
 
     @property
     def broker_id(self) -> str:
@@ -100,9 +100,12 @@ class _BrokerSession:
         self.client.close()
 
 
-def unreachable(address: str, err: Exception) -> BrokerUnreachable:
+def unreachable(address: str, err: Exception,
+                options: ReaderOptions | None = None) -> BrokerUnreachable:
+    where = ("listed by nsqlookupd, option lookupdHttpAddress"
+             if options is not None and options.lookupd_addresses else "option address")
     return BrokerUnreachable(f"pynsq source: cannot reach the broker at {address} "
-                             f"(option address): {err}")
+                             f"({where}): {err}")
 
 
 class LeaseKeeper:
@@ -178,7 +181,7 @@ class LeaseKeeper:
                     results[address] = action(session)
             except BrokerUnavailable as err:
                 if self.options.fail_on_data_loss:
-                    raise unreachable(address, err) from None
+                    raise unreachable(address, err, self.options) from None
                 log.warning("pynsq: %s on %s failed: %s", what, address, err)
         return results
 
