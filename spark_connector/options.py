@@ -97,8 +97,10 @@ class ReaderOptions:
     fail_on_data_loss: bool = True
     security: ClientSecurity = ClientSecurity()  # TLS files, auth secret (never shown)
     max_attempts: int | None = None     # the channel's; None: leave it as the broker has it
+    lookupd_addresses: tuple[str, ...] = ()  # nsqlookupd HTTP host:port; then addresses is []
+    lookupd_poll_interval_ms: int = 5000     # how often the fleet is asked again, at most
 
-    NAMES = ("address", "topic", "channel", "maxMessagesPerTrigger", "maxBytesPerTrigger",
+    NAMES = ("address", "lookupdHttpAddress", "lookupdPollIntervalMs", "topic", "channel", "maxMessagesPerTrigger", "maxBytesPerTrigger",
              "msgTimeoutMs", "numPartitions", "timeoutMs", "clientId", "failOnDataLoss",
              "maxAttempts", *SPARK_OPTIONS)
 
@@ -106,8 +108,11 @@ class ReaderOptions:
     def parse(cls, options: Mapping[str, str]) -> "ReaderOptions":
         given = _lower(options)
         _check_unknown(given, {n.lower() for n in cls.NAMES}, "source")
+        addresses, lookupd = broker_addresses(given)
         return cls(
-            addresses=parse_addresses(given.get("address")),
+            addresses=addresses,
+            lookupd_addresses=tuple(lookupd),
+            lookupd_poll_interval_ms=_int(given, "lookupdPollIntervalMs", 5000, minimum=100),
             topic=require_name(given, "topic", "topic"),
             channel=require_name(given, "channel", "channel"),
             max_messages_per_trigger=_int(given, "maxMessagesPerTrigger",
@@ -123,6 +128,21 @@ class ReaderOptions:
             max_attempts=(_int(given, "maxAttempts", 0, minimum=0)
                           if given.get("maxattempts") is not None else None),
         )
+
+
+def broker_addresses(given: dict[str, str]) -> tuple[list[str], list[str]]:
+    """(``address`` list, ``lookupdHttpAddress`` list): exactly one of the two is given."""
+    has_address = bool((given.get("address") or "").strip())
+    has_lookupd = bool((given.get("lookupdhttpaddress") or "").strip())
+    if has_address and has_lookupd:
+        raise OptionError("options address and lookupdHttpAddress exclude each other: give "
+                          "the brokers, or the nsqlookupd that lists them")
+    if has_lookupd:
+        return [], parse_addresses(given["lookupdhttpaddress"], "lookupdHttpAddress")
+    if not has_address:
+        raise OptionError("option address or lookupdHttpAddress is required: the brokers' "
+                          "gRPC host:port, or nsqlookupd's HTTP host:port (comma-separated)")
+    return parse_addresses(given["address"]), []
 
 
 def security_options(given: dict[str, str]) -> ClientSecurity:

@@ -1,7 +1,8 @@
 """The stream reader of the ``pynsq`` source: at-least-once, FIN after commit.
 
     spark.readStream.format("pynsq")
-         .option("address", "127.0.0.1:4170")       # one or more host:port
+         .option("address", "127.0.0.1:4170")       # one or more host:port, or:
+         # .option("lookupdHttpAddress", "127.0.0.1:4161")  # the fleet nsqlookupd lists
          .option("topic", "events").option("channel", "spark")
          .option("maxMessagesPerTrigger", 10000)    # default 100000
          .option("maxBytesPerTrigger", 1 << 20)     # bodies per batch, default 64 MiB

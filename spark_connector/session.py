@@ -24,13 +24,14 @@ from typing import Callable, Iterable
 from broker.client import BrokerUnavailable, Client, ClientError, LeaseSession
 from broker.errors import LeaseNotFound
 
+from .discovery import DiscoveryError, Fleet
 from .options import ReaderOptions
 
 log = logging.getLogger("pynsq.spark")
 
 
 class BrokerUnreachable(ConnectionError):
-    """A broker named by the ``address`` option did not answer."""
+    """A broker named by option ``address`` (or listed by nsqlookupd) did not answer."""
 
 
 class _BrokerSession:
@@ -47,7 +48,7 @@ class _BrokerSession:
             self.open()
         except BrokerUnavailable as err:
             self.client.close()
-            raise unreachable(address, err) from None
+            raise unreachable(address, err, options) from None
 
     @property
     def broker_id(self) -> str:
@@ -99,9 +100,12 @@ class _BrokerSession:
         self.client.close()
 
 
-def unreachable(address: str, err: Exception) -> BrokerUnreachable:
+def unreachable(address: str, err: Exception,
+                options: ReaderOptions | None = None) -> BrokerUnreachable:
+    where = ("listed by nsqlookupd, option lookupdHttpAddress"
+             if options is not None and options.lookupd_addresses else "option address")
     return BrokerUnreachable(f"pynsq source: cannot reach the broker at {address} "
-                             f"(option address): {err}")
+                             f"({where}): {err}")
 
 
 class LeaseKeeper:
@@ -113,27 +117,50 @@ class LeaseKeeper:
         self._lock = threading.RLock()
         self._closed = threading.Event()
         self._turn = 0  # which broker reserve asks first
+        self._option = "lookupdHttpAddress" if options.lookupd_addresses else "address"
+        self._fleet = (Fleet(options.lookupd_addresses, options.topic,
+                             poll_interval=options.lookupd_poll_interval_ms / 1000,
+                             timeout=options.timeout_ms / 1000)
+                       if options.lookupd_addresses else None)
         self._connect(initial=True)
         self._touch_every = max(0.5, options.msg_timeout_ms / 1000 / 4)
         threading.Thread(target=self._keep_alive, daemon=True, name="pynsq-lease-touch").start()
 
     # -- brokers -------------------------------------------------------------
+    def brokers(self) -> list[str]:
+        """The brokers to reserve from now: those of option ``address``, or those
+        nsqlookupd lists for the topic (asked again at most every poll interval)."""
+        if self._fleet is None:
+            return list(self.options.addresses)
+        try:
+            return self._fleet.brokers()
+        except DiscoveryError as err:
+            raise BrokerUnreachable(f"pynsq source: {err} (option lookupdHttpAddress)") from None
+
     def _connect(self, initial: bool = False) -> None:
-        """Open a session with every broker not connected yet."""
-        for address in self.options.addresses:
+        """Open a session with every broker not connected yet; with nsqlookupd, a broker
+        seen for the first time gets the channel too."""
+        listed = self.brokers()
+        for address in listed:
             if address in self._sessions:
                 continue
             try:
-                self._sessions[address] = _BrokerSession(address, self.options)
+                session = _BrokerSession(address, self.options)
             except BrokerUnreachable as err:
                 if self.options.fail_on_data_loss:
                     raise
                 if initial:
                     log.warning("%s; going on with the other brokers (failOnDataLoss=false)",
                                 err)
-        if not self._sessions:
-            raise BrokerUnreachable(f"pynsq source: no broker of option address answered: "
-                                    f"{', '.join(self.options.addresses)}")
+                continue
+            self._sessions[address] = session
+            if self._fleet is not None and not initial:
+                log.info("pynsq: broker %s joined the fleet of topic %s", address,
+                         self.options.topic)
+                self.ensure_channel([address])
+        if listed and not self._sessions:
+            raise BrokerUnreachable(f"pynsq source: no broker of option {self._option} "
+                                    f"answered: {', '.join(listed)}")
 
     def _each_broker(self, addresses: Iterable[str], action: Callable[[_BrokerSession], object],
                      what: str, may_fail_query: bool = True) -> dict[str, object]:
@@ -156,7 +183,7 @@ class LeaseKeeper:
                     results[address] = action(session)
             except BrokerUnavailable as err:
                 if self.options.fail_on_data_loss and may_fail_query:
-                    raise unreachable(address, err) from None
+                    raise unreachable(address, err, self.options) from None
                 log.warning("pynsq: %s on %s failed: %s", what, address, err)
         return results
 
@@ -170,11 +197,12 @@ class LeaseKeeper:
         return session.broker_id if session is not None else None
 
     # -- driver calls --------------------------------------------------------
-    def ensure_channel(self) -> None:
-        """Create the channel on every broker, so it gets what is published from now on."""
+    def ensure_channel(self, addresses: Iterable[str] | None = None) -> None:
+        """Create the channel on every broker (or those of ``addresses``), so it gets
+        what is published from now on."""
         o = self.options
         # maxAttempts: a poison message goes to the dead-letter topic after N batches.
-        self._each_broker(list(self._sessions),
+        self._each_broker(list(self._sessions) if addresses is None else list(addresses),
                           lambda s: s.client.create_channel(o.topic, o.channel,
                                                             max_attempts=o.max_attempts),
                           "creating the channel")
@@ -193,9 +221,11 @@ class LeaseKeeper:
                 target: dict[str, int] | None) -> dict[str, dict]:
         """Lease up to ``wanted`` messages (``max_bytes`` of bodies) for ``batch``, spread
         over the brokers: each is offered an equal share first, then what is left."""
-        if not self.options.fail_on_data_loss:
+        if self._fleet is not None or not self.options.fail_on_data_loss:
             self._connect()
-        addresses = list(self._sessions)
+        # A broker that left the fleet is not reserved from; its leases are still FINed.
+        listed = set(self.brokers())
+        addresses = [a for a in self._sessions if a in listed]
         self._turn = (self._turn + 1) % max(1, len(addresses))
         addresses = addresses[self._turn:] + addresses[:self._turn]
         leases: dict[str, dict] = {}

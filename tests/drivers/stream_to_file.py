@@ -1,7 +1,7 @@
 """A Spark driver run as its own process by the tests: read a pynsq channel and
 append the ids of every completed micro-batch to a file.
 
-    python stream_to_file.py --address A --topic T --channel C --checkpoint DIR --out FILE
+    python stream_to_file.py [--address A] --topic T --channel C --checkpoint DIR --out FILE
         [--master local[2]] [--max-per-trigger N] [--available-now]
         [--hang-on-batch N --marker FILE] [--option KEY=VALUE ...] [--sink-topic T]
 
@@ -20,8 +20,9 @@ import time
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    for name in ("address", "topic", "channel", "checkpoint", "out"):
+    for name in ("topic", "channel", "checkpoint", "out"):
         parser.add_argument(f"--{name}", required=True)
+    parser.add_argument("--address", default="", help="else --option lookupdHttpAddress=...")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--max-per-trigger", type=int, default=0)
     parser.add_argument("--num-partitions", type=int, default=2)
@@ -46,8 +47,10 @@ def main() -> None:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
 
-    reader = (spark.readStream.format("pynsq").option("address", args.address)
-              .option("topic", args.topic).option("channel", args.channel)
+    reader = spark.readStream.format("pynsq")
+    if args.address:
+        reader = reader.option("address", args.address)
+    reader = (reader.option("topic", args.topic).option("channel", args.channel)
               .option("numPartitions", args.num_partitions))
     reader = reader.options(**dict(o.split("=", 1) for o in args.option))
     if args.max_per_trigger:
