@@ -50,10 +50,15 @@ async def read_frames(reader: asyncio.StreamReader, buf: bytearray) -> list[tupl
     return frames
 
 
-async def publish(port: int, n: int) -> float:
+async def connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytearray]:
+    """A plain V2 connection: (reader, writer, read buffer)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"  V2")
-    buf = bytearray()
+    return reader, writer, bytearray()
+
+
+async def publish(port: int, n: int, connect=connect) -> float:
+    reader, writer, buf = await connect(port)
     started = time.perf_counter()
     for _ in range(n // BATCH):
         writer.write(MPUB)
@@ -64,10 +69,9 @@ async def publish(port: int, n: int) -> float:
     return elapsed
 
 
-async def consume(port: int, n: int) -> float:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"  V2SUB bench work\nRDY %d\n" % RDY)
-    buf = bytearray()
+async def consume(port: int, n: int, connect=connect) -> float:
+    reader, writer, buf = await connect(port)
+    writer.write(b"SUB bench work\nRDY %d\n" % RDY)
     got = 0
     started = time.perf_counter()
     while got < n:

@@ -19,6 +19,7 @@ import ssl
 import struct
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -28,10 +29,10 @@ from broker.api import broker_pb2_grpc as pb_grpc
 
 try:
     from .common import free_port, start_pynsqd, stop, wait_listening
-    from .tcp_throughput import BATCH as TCP_BATCH, MPUB, RDY as TCP_RDY, read_frames
+    from .tcp_throughput import consume as tcp_consume, publish as tcp_publish, read_frames
 except ImportError:  # run as a script
     from common import free_port, start_pynsqd, stop, wait_listening
-    from tcp_throughput import BATCH as TCP_BATCH, MPUB, RDY as TCP_RDY, read_frames
+    from tcp_throughput import consume as tcp_consume, publish as tcp_publish, read_frames
 
 BATCH, SIZE, RDY = 100, 100, 1000
 BODY = b"x" * SIZE
@@ -73,6 +74,7 @@ async def grpc_consume(address: str, ca: bytes | None, n: int) -> float:
 
 
 async def _tcp_connect(port: int, ca: str | None):
+    """A V2 connection, upgraded to TLS after IDENTIFY when ``ca`` is given."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"  V2")
     buf = bytearray()
@@ -88,35 +90,6 @@ async def _tcp_connect(port: int, ca: str | None):
     return reader, writer, buf
 
 
-async def tcp_publish(port: int, ca: str | None, n: int) -> float:
-    reader, writer, buf = await _tcp_connect(port, ca)
-    started = time.perf_counter()
-    for _ in range(n // TCP_BATCH):
-        writer.write(MPUB)
-        frames = await read_frames(reader, buf)
-        assert frames[0] == (0, b"OK"), frames[0]
-    elapsed = time.perf_counter() - started
-    writer.close()
-    return elapsed
-
-
-async def tcp_consume(port: int, ca: str | None, n: int) -> float:
-    reader, writer, buf = await _tcp_connect(port, ca)
-    writer.write(b"SUB bench work\nRDY %d\n" % TCP_RDY)
-    got = 0
-    started = time.perf_counter()
-    while got < n:
-        fins = []
-        for kind, data in await read_frames(reader, buf):
-            if kind == 2:
-                fins.append(b"FIN " + data[10:26] + b"\n")
-                got += 1
-        writer.write(b"".join(fins))
-    elapsed = time.perf_counter() - started
-    writer.close()
-    return elapsed
-
-
 def measure(n: int, ca_path: str | None, flags: list[str]) -> dict:
     tcp_port = free_port()
     proc, address = start_pynsqd("--tcp-address", f"127.0.0.1:{tcp_port}",
@@ -124,12 +97,12 @@ def measure(n: int, ca_path: str | None, flags: list[str]) -> dict:
     try:
         wait_listening(tcp_port)
         ca = Path(ca_path).read_bytes() if ca_path else None
+        tcp = partial(_tcp_connect, ca=ca_path)
         return {
             "grpc_publish_msgs_per_s": round(n / asyncio.run(grpc_publish(address, ca, n))),
             "grpc_consume_msgs_per_s": round(n / asyncio.run(grpc_consume(address, ca, n))),
-            "tcp_publish_msgs_per_s": round(n / asyncio.run(tcp_publish(tcp_port, ca_path, n))),
-            "tcp_consume_msgs_per_s": round(n / asyncio.run(tcp_consume(tcp_port, ca_path,
-                                                                         n))),
+            "tcp_publish_msgs_per_s": round(n / asyncio.run(tcp_publish(tcp_port, n, tcp))),
+            "tcp_consume_msgs_per_s": round(n / asyncio.run(tcp_consume(tcp_port, n, tcp))),
         }
     finally:
         stop(proc)
