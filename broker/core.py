@@ -319,6 +319,7 @@ class Broker:
                 continue
             count += lease.channel.finish_all(lease)
             self._forget_lease(lease_id)
+        self.storage.flush()  # an acknowledged FIN is written before the answer
         return count, missing
 
     def requeue_leases(self, lease_ids: Iterable[str]) -> tuple[int, list[str]]:
@@ -426,6 +427,7 @@ class Broker:
             self._tick_leases(now)
 
     def stats(self, topic: str | None = None, channel: str | None = None) -> list[TopicStats]:
+        self.storage.flush()  # every FIN counted in stats is written
         if topic:
             return [self.topic(topic).stats(channel or None)]
         return [t.stats() for _, t in sorted(self.topics.items())]

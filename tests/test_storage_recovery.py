@@ -211,6 +211,35 @@ def test_req_delays_and_dpub_defers_keep_their_time_across_restarts(tmp_path, st
     assert consumer.ids == [first, later]
 
 
+def test_a_fin_counted_in_stats_does_not_come_back_after_a_crash(tmp_path):
+    """What stats reports as finished is on disk: a crash right after the answer keeps it."""
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    broker.create_channel("events", "work")
+    ids = broker.multi_publish("events", [b"a", b"b", b"c"])
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    ch.set_rdy(consumer, 3)
+    ch.finish_many(consumer, ids[:2])
+    assert broker.stats("events")[0].channels[0].finish_count == 2
+    broker.storage.abandon()  # kill -9 right after the answer: nothing else is written
+    broker = start(tmp_path, clock)
+    assert set(drain(broker, "events", "work")) == {ids[2]}
+
+
+def test_a_lease_fin_that_was_answered_does_not_come_back_after_a_crash(tmp_path):
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    broker.create_channel("events", "work")
+    ids = broker.multi_publish("events", [b"a", b"b", b"c"])
+    session = broker.open_lease_session("planner")
+    lease, _ = broker.reserve(session.session_id, "events", "work", 2)
+    assert broker.finish_leases([lease.lease_id]) == (2, [])
+    broker.storage.abandon()
+    broker = start(tmp_path, clock)
+    assert set(drain(broker, "events", "work")) == {ids[2]}
+
+
 def test_a_fin_of_more_ids_than_one_record_holds_is_kept(tmp_path):
     clock = ManualClock()
     broker = start(tmp_path, clock, mem_queue_size=100_000)

@@ -263,6 +263,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             action(*args)
         except BrokerError as err:
             await abort(context, err)
+        self.broker.storage.flush()  # what is acknowledged is written
         return pb.AdminResponse()
 
     async def CreateTopic(self, request, context):

@@ -158,6 +158,14 @@ class HttpApi:
             middlewares.append(security_middleware(
                 security, tls=tls,
                 https_port=lambda: int(addresses.get("https", ":0").rpartition(":")[2] or 0)))
+
+        @web.middleware
+        async def written_first(request: web.Request, handler) -> web.StreamResponse:
+            response = await handler(request)
+            broker.storage.flush()  # what the answer acknowledges or counts is written
+            return response
+
+        middlewares.append(written_first)
         # Bodies are read with their own limits (below), never whole beyond them.
         self.app = web.Application(middlewares=middlewares,
                                    client_max_size=broker.options.max_body_size + 1)

@@ -96,6 +96,10 @@ class Store:
     def channel_changed(self, channel: "Channel") -> None: ...
     def config_changed(self, topic: "Topic", channel: "Channel | None") -> None:
         """The topic's (``channel`` None) or a channel's settings changed."""
+    def flush(self) -> None:
+        """Write what is queued (FINs, deliveries, metadata changes) before the broker
+        answers a call that reports or acknowledges it."""
+
     def tick(self) -> None: ...
     def close(self) -> None: ...
 
@@ -459,7 +463,7 @@ class DiskStore(Store):
             if type(item) is _Change and logged is not None:
                 item.apply(logged)
         if queued:
-            self._queued[name] = []
+            del self._queued[name]
 
     def _flush_soon(self) -> None:
         if self._flush_scheduled or self._restoring:
@@ -473,10 +477,13 @@ class DiskStore(Store):
     def flush(self) -> None:
         """Write every queued record, one append per topic."""
         self._flush_scheduled = False
+        if not self._queued:
+            return
         for name in list(self._queued):
             queued, data = self._encode_queued(name)
             topic_log = self.logs.get(name)
             if not data or topic_log is None:
+                self._queued.pop(name, None)
                 continue
             try:
                 topic_log.append(data)
