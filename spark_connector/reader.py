@@ -48,6 +48,8 @@ gone: its messages are back in that broker's channel and a later batch reads the
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -63,6 +65,21 @@ from .session import BrokerUnreachable, LeaseKeeper
 log = logging.getLogger("pynsq.spark")
 
 INITIAL_OFFSET = {"batch": 0, "leases": {}}
+
+
+def _stop_on_sigterm() -> None:
+    """Spark ends the driver's source worker with SIGTERM when the query stops or fails.
+    Python's default dies on the spot, before the worker's ``finally`` calls ``stop()``,
+    and the batch's leases would stay held for the grace period. Exit instead, once."""
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return  # not a worker of ours to shape
+
+    def exit_once(signum: int, frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut stop() short
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, exit_once)
 
 
 @dataclass(frozen=True)
@@ -94,6 +111,7 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @property
     def keeper(self) -> LeaseKeeper:
         if self._keeper is None:
+            _stop_on_sigterm()
             self._keeper = LeaseKeeper(self.options)
         return self._keeper
 

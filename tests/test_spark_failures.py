@@ -35,7 +35,10 @@ def test_a_failing_batch_fails_the_query_and_a_restart_delivers_every_message(
     with pytest.raises(StreamingQueryException, match="injected failure in batch 2"):
         query.awaitTermination(120)
     assert len(failing.batches) == 2
-    # Restarted at once: the failed batch's lease is still held (grace period) and adopted.
+    # The failed query gave its batch back at once (well within the 60 s grace of a driver
+    # that vanished); the restart adopts that lease again and replays the same batch.
+    wait_for(lambda: channel_stats(client, "events").in_flight_count == 0, 30,
+             message="the failed query to give its batch back")
 
     restarted = Recorder()
     start(reader(spark, broker.address, "events", maxMessagesPerTrigger=100),
@@ -57,6 +60,8 @@ def test_a_query_stopped_mid_stream_and_restarted_loses_nothing(spark, broker, c
     wait_for(lambda: len(first.batches) >= 3, 120, message="three batches")
     query.stop()
     assert len(set(first.ids)) < len(published)
+    wait_for(lambda: channel_stats(client, "events").in_flight_count == 0, 30,
+             message="the stopped query to give its batch back")
 
     second = Recorder()
     start(reader(spark, broker.address, "events", maxMessagesPerTrigger=500),
