@@ -4,6 +4,14 @@ Past the limit a durable message waits on disk only: its log location goes
 into an ``OnDisk`` run (8 bytes a message) and it is read back when it comes
 up. Messages delivered before (``attempts`` > 0) or not on disk stay in memory,
 so nothing a consumer saw loses its count.
+
+With a ``fetch`` (a running broker), a run is read ahead of the cursor off the
+event loop, ``READ_AHEAD`` messages at a time: what was read goes in memory
+ahead of the run when the run comes up, and the next ones are asked for once
+half of those are gone. ``popleft`` never waits for the disk: while the next
+messages are being read it returns None, and ``wake`` is called when they
+arrive. ``popleft(wait=False)`` reads the next one at once instead (a lease must
+not come back empty while messages wait).
 """
 
 from __future__ import annotations
@@ -14,15 +22,26 @@ from typing import Callable, Iterable, Iterator
 
 from .message import Message
 
+# Messages of a run read ahead of the cursor, at most; more are asked for once
+# fewer than half are left.
+READ_AHEAD = 1024
+
 
 class OnDisk:
-    """A run of messages that wait on disk only: their locations, in queue order."""
+    """A run of messages that wait on disk only: their locations, in queue order,
+    and those of the next ones already read back (``loaded``)."""
 
-    __slots__ = ("locs", "start")
+    __slots__ = ("locs", "start", "loaded", "base", "reading", "gone", "sync")
 
     def __init__(self, locs: Iterable[int] = ()) -> None:
         self.locs = array("q", locs)
         self.start = 0
+        # Read back, for the positions from ``start`` on (None: to read again at once).
+        self.loaded: deque[Message | None] = deque()
+        self.base = 0           # positions cut off the front of ``locs``
+        self.reading = False    # a read is under way
+        self.gone = False       # no longer in its backlog
+        self.sync = False       # reading ahead failed: read on the spot from now on
 
     def __len__(self) -> int:
         return len(self.locs) - self.start
@@ -32,6 +51,7 @@ class OnDisk:
         self.start += 1
         if self.start > 4096 and self.start * 2 > len(self.locs):
             del self.locs[:self.start]
+            self.base += self.start
             self.start = 0
         return loc
 
@@ -41,15 +61,25 @@ class OnDisk:
 
 Entry = Message | OnDisk
 Loader = Callable[[int], "Message | None"]
+# (locations, done) -> whether a read was started; ``done`` gets the messages read
+# (None for one that failed its check) or None if the read failed.
+Fetcher = Callable[[array, Callable[["list[Message | None] | None"], None]], bool]
 
 
 class Backlog:
-    def __init__(self, limit: int | None, load: Loader) -> None:
+    def __init__(self, limit: int | None, load: Loader, fetch: Fetcher | None = None,
+                 wake: Callable[[], None] | None = None) -> None:
         self.limit = limit                   # None: everything in memory
         self._load = load
+        self._fetch = fetch
+        self._wake = wake
         self._items: deque[Entry] = deque()
         self._len = 0
         self._in_memory = 0
+        # The run read from last, and how many of its messages taken in memory are
+        # to go before its next ones are asked for.
+        self._reading_run: OnDisk | None = None
+        self._countdown = 0
 
     def __len__(self) -> int:
         return self._len
@@ -75,23 +105,15 @@ class Backlog:
             self.append(msg)
 
     def extend_on_disk(self, locs: "array | list[int]") -> None:
-        """Queue messages known by location only; up to the limit are read in now."""
-        i, limit = 0, self.limit
-        while i < len(locs) and (limit is None or self._in_memory < limit):
-            msg = self._load(locs[i])
-            i += 1
-            if msg is not None:
-                self._items.append(msg)
-                self._in_memory += 1
-                self._len += 1
-        if i < len(locs):
-            rest = locs[i:]
-            items = self._items
-            if items and type(items[-1]) is OnDisk:
-                items[-1].locs.extend(rest)
-            else:
-                items.append(OnDisk(rest))
-            self._len += len(rest)
+        """Queue messages known by location only (read back when they come up)."""
+        if not len(locs):
+            return
+        items = self._items
+        if items and type(items[-1]) is OnDisk:
+            items[-1].locs.extend(locs)
+        else:
+            items.append(OnDisk(locs))
+        self._len += len(locs)
 
     def _spill(self, loc: int) -> None:
         items = self._items
@@ -106,9 +128,9 @@ class Backlog:
         self._in_memory += len(msgs)
         self._len += len(msgs)
 
-    def popleft(self) -> Message | None:
-        """The next message (read back from disk if need be); None when empty. A
-        message damaged on disk is skipped (the loader logs it)."""
+    def popleft(self, wait: bool = True) -> Message | None:
+        """The next message; None when empty or, if ``wait``, while the next one is
+        being read from disk. A message damaged on disk is skipped (the loader logs it)."""
         items = self._items
         while items:
             head = items[0]
@@ -116,15 +138,82 @@ class Backlog:
                 items.popleft()
                 self._in_memory -= 1
                 self._len -= 1
+                if self._countdown:
+                    self._countdown -= 1
+                    if not self._countdown and self._reading_run is not None:
+                        self._read_ahead(self._reading_run)
                 return head
-            loc = head.pop()
             if not head:
                 items.popleft()
+                head.gone = True
+                continue
+            if head.loaded:
+                self._take_in(head)
+                continue
+            if not head.sync and self._fetch is not None:
+                self._read_ahead(head)
+                if wait and not head.sync:
+                    return None
+            # Read on the spot: no reading ahead, or it failed, or a lease is waiting.
+            loc = head.pop()
             self._len -= 1
+            if not head:
+                items.popleft()
+                head.gone = True
             msg = self._load(loc)
             if msg is not None:
                 return msg
         return None
+
+    def _take_in(self, run: OnDisk) -> None:
+        """Put what was read ahead of ``run`` (now the head) in memory before it."""
+        loaded, run.loaded = run.loaded, deque()
+        msgs: list[Message] = []
+        for msg in loaded:
+            loc = run.pop()
+            if msg is None:  # failed its check: read again, the loader logs a loss
+                msg = self._load(loc)
+                if msg is None:
+                    self._len -= 1
+                    continue
+            msgs.append(msg)
+        items = self._items
+        items.extendleft(reversed(msgs))
+        self._in_memory += len(msgs)
+        if not run:
+            del items[len(msgs)]
+            run.gone = True
+        else:  # ask for the next ones once half of these are gone
+            self._reading_run, self._countdown = run, max(1, len(msgs) // 2)
+
+    def _read_ahead(self, run: OnDisk) -> None:
+        """Ask for the next messages of ``run`` (after those read or being read)."""
+        if run.reading or run.gone or run.sync:
+            return
+        first = run.start + len(run.loaded)
+        count = min(READ_AHEAD - len(run.loaded), len(run.locs) - first)
+        if count <= 0:
+            return
+        locs = run.locs[first:first + count]
+        at = run.base + first
+
+        def done(msgs: "list[Message | None] | None") -> None:
+            run.reading = False
+            if run.gone:
+                return
+            if msgs is None:
+                run.sync = True
+            elif (at == run.base + run.start + len(run.loaded)
+                  and run.locs[at - run.base:at - run.base + len(locs)] == locs):
+                run.loaded.extend(msgs)
+            # else: read on the spot or moved meanwhile; read again when it comes up
+            if self._items and self._items[0] is run and self._wake is not None:
+                self._wake()
+
+        run.reading = True
+        if not self._fetch(locs, done):
+            run.reading = False
+            run.sync = True
 
     def messages(self) -> Iterator[Message]:
         """The messages held in memory, in order."""
@@ -148,6 +237,9 @@ class Backlog:
     def take_all(self) -> list[Entry]:
         """Everything, in order, leaving the backlog empty."""
         items = list(self._items)
+        for item in items:
+            if type(item) is OnDisk:
+                item.gone = True
         self._items.clear()
         self._len = self._in_memory = 0
         return items
@@ -176,6 +268,9 @@ class Backlog:
                     new = moved.get(locs[i])
                     if new:
                         locs[i] = new
+                for msg in item.loaded:
+                    if msg is not None and msg.loc in moved:
+                        msg.loc = moved[msg.loc]
             elif item.loc in moved:
                 item.loc = moved[item.loc]
 

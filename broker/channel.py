@@ -35,7 +35,7 @@ class Channel:
         self._clock = topic.broker.clock
         self._store = topic.broker.storage
         # Past --mem-queue-size, a durable message waits on disk only.
-        self._ready = Backlog(self._store.spill_limit, self._load)
+        self._ready = Backlog(self._store.spill_limit, self._load, self._fetch, self._pump)
         self._in_flight = DeadlineQueue()
         self._deferred = DeadlineQueue()
         self._consumers: list[Consumer] = []
@@ -71,6 +71,9 @@ class Channel:
     # -- from the topic ---------------------------------------------------
     def _load(self, loc: int) -> Message | None:
         return self._store.load(self.topic, loc)
+
+    def _fetch(self, locs, done) -> bool:
+        return self._store.read_ahead(self.topic, locs, done)
 
     def put_many(self, msgs: list[Message]) -> None:
         self.message_count += len(msgs)
@@ -155,7 +158,7 @@ class Channel:
         taken: list[Message] = []
         size = 0
         while len(taken) < limit:
-            msg = self._next_ready()
+            msg = self._next_ready(wait=False)
             if msg is None:
                 break
             if max_bytes and taken and size + len(msg.body) > max_bytes:
@@ -357,11 +360,12 @@ class Channel:
             self._timers_started()
             self._store.delivered(self, delivered)
 
-    def _next_ready(self) -> Message | None:
-        """The next message to deliver; on the way, those that must not be delivered
-        (expired, or past max_attempts) leave the channel (see deadletter.py)."""
+    def _next_ready(self, wait: bool = True) -> Message | None:
+        """The next message to deliver (None: none, or, if ``wait``, not read from disk
+        yet); on the way, those that must not be delivered (expired, or past
+        max_attempts) leave the channel (see deadletter.py)."""
         while True:
-            msg = self._ready.popleft()
+            msg = self._ready.popleft(wait)
             if msg is None or not self._leaves(msg):
                 return msg
 

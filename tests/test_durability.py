@@ -193,6 +193,25 @@ def test_messages_past_mem_queue_size_wait_on_disk_and_come_back_intact(daemons)
     assert list(back.values()) == [f"m-{i}".encode() for i in range(1000)]
 
 
+def test_grpc_stats_show_disk_bytes_and_messages_waiting_on_disk(daemons, tmp_path):
+    d = daemons("--mem-queue-size", "50")
+    with Client(d.address) as client:
+        client.admin("channel", "create", "events", "work")
+        client.admin("channel", "create", "events", "idle")
+        publish_n(d.address, "events", 1000)
+        files = sum(p.stat().st_size for p in (tmp_path / "data" / "topics" / "t-events")
+                    .glob("*.log"))
+        topic = client.stats("events").topics[0]
+        channels = {c.name: c for c in topic.channels}
+        assert topic.disk_bytes == files > 1000 * len(b"m-999")
+        assert channels["work"].disk_bytes == channels["idle"].disk_bytes == files
+        assert channels["work"].on_disk_count == channels["idle"].on_disk_count == 1000 - 50
+        assert len(consume_all(d.address, "events", "work")) == 1000
+        channels = {c.name: c for c in client.stats("events").topics[0].channels}
+        assert channels["work"].disk_bytes == channels["work"].on_disk_count == 0
+        assert channels["idle"].disk_bytes >= files  # FIN records add to the files
+
+
 def test_deleting_a_topic_removes_its_files_and_ephemeral_topics_write_none(daemons, tmp_path):
     d = daemons()
     publish_n(d.address, "events", 10)

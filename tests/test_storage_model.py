@@ -89,8 +89,19 @@ class StorageModel(RuleBasedStateMachine):
         self.store = DiskStore(self.broker, options)
         self.broker.storage = self.store
         self.store.recover()
+        # Messages waiting on disk are read ahead off the loop: here the reads wait
+        # until the rule that lets them arrive (so they arrive late, or never).
+        self.reads: list = []
+        self.store.read_ahead = self.read_ahead
         self.consumers: dict[tuple[str, str], Recorder] = {}
         self.seen: dict[tuple[str, str], int] = {}
+
+    def read_ahead(self, topic, locs, done) -> bool:
+        topic_log = self.store.logs.get(topic.name)
+        if topic_log is None:
+            return False
+        self.reads.append((topic_log, locs, done))
+        return True
 
     def end_of_pass(self) -> None:
         """What the event loop does after each request: write queued records."""
@@ -325,6 +336,19 @@ class StorageModel(RuleBasedStateMachine):
             self.flush_model(t)
         else:
             t.channels[channel].paused = paused
+        self.end_of_pass()
+
+    @precondition(lambda self: self.reads)
+    @rule(count=st.integers(1, 3))
+    def disk_reads_arrive(self, count: int) -> None:
+        """The storage's reader thread hands over what it read, in order."""
+        for topic_log, locs, done in self.reads[:count]:
+            try:
+                msgs = topic_log.read_messages(locs)
+            except OSError:  # the file went meanwhile (its messages are gone)
+                msgs = None
+            done(msgs)
+        del self.reads[:count]
         self.end_of_pass()
 
     @rule(crash=st.booleans())

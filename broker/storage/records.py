@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import logging
 import struct
+import sys
 import zlib
+from array import array
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -84,6 +86,31 @@ def fins(channel: str, msg_ids: list[int]) -> list[bytes]:
 def attempts(channel: str, entries: list[tuple[int, int]]) -> list[bytes]:
     return [encode(ATTEMPTS, _name(channel) + b"".join(ID_ATTEMPTS.pack(*e) for e in chunk))
             for chunk in _chunks(entries)]
+
+
+def fins_of(channel: str, msg_ids: list[str]) -> bytes:
+    """FIN records of ids given as 16 hex digits (as messages carry them)."""
+    name = _name(channel)
+    return b"".join(encode(FIN, name + bytes.fromhex("".join(chunk)))
+                    for chunk in _chunks(msg_ids))
+
+
+def attempts_of(channel: str, msg_ids: list[str], counts: list[int]) -> bytes:
+    """ATTEMPTS records of ids given as 16 hex digits, with their delivery counts."""
+    name, out = _name(channel), []
+    for first in range(0, len(msg_ids), MAX_IDS_PER_RECORD):
+        ids = bytes.fromhex("".join(msg_ids[first:first + MAX_IDS_PER_RECORD]))
+        values = array("I", counts[first:first + MAX_IDS_PER_RECORD])
+        if sys.byteorder == "little":
+            values.byteswap()
+        raw = values.tobytes()
+        entries = bytearray(len(ids) // 8 * ID_ATTEMPTS.size)
+        for i in range(8):  # interleave: 8 bytes of id, then 4 of count, per entry
+            entries[i::ID_ATTEMPTS.size] = ids[i::8]
+        for i in range(4):
+            entries[8 + i::ID_ATTEMPTS.size] = raw[i::4]
+        out.append(encode(ATTEMPTS, name + bytes(entries)))
+    return b"".join(out)
 
 
 def defer(channel: str, msg_id: int, deliver_at: int, attempts: int) -> bytes:
@@ -176,6 +203,38 @@ def pubs_in(block: bytes, first_loc: int) -> dict[int, tuple[int, int, bytes, in
             out[first_loc + pos] = (msg_id, ts, body, expires)
         pos = stop
     return out
+
+
+def message_at(block: bytes, pos: int) -> tuple[str, int, bytes, int] | None:
+    """(hex id, publish ns, body, expires) of the PUB or MOVE record at ``pos`` of
+    ``block``; None if it is not one, fails its check or is cut by the block's end."""
+    if pos + HEADER_SIZE > len(block):
+        return None
+    magic, kind, length, crc = HEADER.unpack_from(block, pos)
+    start = pos + HEADER_SIZE
+    stop = start + length
+    if magic != MAGIC or stop > len(block) or kind not in (PUB, MOVE):
+        return None
+    view = memoryview(block)[start:stop]
+    if zlib.crc32(view, _SEEDS[kind]) != crc:
+        return None
+    if kind == MOVE:
+        msg_id, ts, _, body, expires = Record(MOVE, pos, view).move()
+        return f"{msg_id:016x}", ts, body, expires
+    ts, _, flags = _PUB_REST.unpack_from(block, start + 8)
+    body_at, expires = start + PUB_HEAD.size, 0
+    if flags & EXPIRES:
+        expires, = PUB_EXPIRES.unpack_from(block, body_at)
+        body_at += PUB_EXPIRES.size
+    return block[start:start + 8].hex(), ts, block[body_at:stop], expires
+
+
+_PUB_REST = struct.Struct(">qqB")          # PUB_HEAD after the id
+_SEEDS = {PUB: zlib.crc32(bytes((PUB,))), MOVE: zlib.crc32(bytes((MOVE,)))}
+# A PUB's header and head in one go, the CRC's seed, and where its body starts.
+PUB_WHOLE = struct.Struct(HEADER.format + PUB_HEAD.format[1:])
+PUB_SEED = _SEEDS[PUB]
+PUB_BODY_AT = PUB_WHOLE.size
 
 
 @dataclass(slots=True)

@@ -37,7 +37,7 @@ from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from .. import deadletter
 from ..errors import QueueFull, StorageFailed
@@ -77,6 +77,13 @@ class Store:
 
     def load(self, topic: "Topic", loc: int) -> Message | None:
         raise AssertionError("a memory-only broker has nothing on disk")
+
+    def read_ahead(self, topic: "Topic", locs: Sequence[int],
+                   done: Callable[[list[Message | None] | None], None]) -> bool:
+        """Read the messages at ``locs`` off the event loop; ``done`` gets them (None
+        for one that fails its check; None for all if the read failed), on the loop.
+        False: cannot (no running loop), read them with ``load``."""
+        return False
 
     def delivered(self, channel: "Channel", msgs: Iterable[Message]) -> None: ...
     def finished(self, channel: "Channel", msgs: list[Message]) -> None: ...
@@ -150,17 +157,19 @@ class MemoryStore(Store):
 
 @dataclass
 class _Batch:
-    """FINs or delivery counts of one channel, gathered into one record."""
+    """FINs (ids) or deliveries (messages) of one channel, gathered into one record."""
     kind: int
     channel: str
     entries: list = field(default_factory=list)
 
     def encode(self) -> bytes:
         if self.kind == records.FIN:
-            return b"".join(records.fins(self.channel, self.entries))
-        # Messages delivered (still held: a FINed one has no location any more).
-        return b"".join(records.attempts(self.channel, [(int(m.id, 16), m.attempts)
-                                                        for m in self.entries if m.loc]))
+            return records.fins_of(self.channel, self.entries)
+        # Messages delivered, with their count as it is now; a FINed one has no
+        # location any more and needs none.
+        held = [m for m in self.entries if m.loc]
+        return records.attempts_of(self.channel, [m.id for m in held],
+                                   [m.attempts for m in held])
 
 
 @dataclass
@@ -200,11 +209,18 @@ class DiskStore(Store):
         self.logs: dict[str, TopicLog] = {}
         self._logged: dict[str, _Logged] = {}
         self._queued: dict[str, list[Queued]] = {}
+        # The FIN and ATTEMPTS batches of each channel that later ones join, by topic:
+        # only batches are queued after them (anything else closes them), so one
+        # record per channel and kind carries all of a run of passes' deliveries.
+        self._open: dict[str, dict[tuple[int, "Channel"], _Batch]] = {}
         self._dedupe: dict[str, dict[int, list[bytes]]] = {}
         self._unsynced = 0
         self._last_sync = time.monotonic()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="pynsq-storage")
         self._sync: Future | None = None
+        # Messages waiting on disk are read back here, ahead of their channel's cursor
+        # (a thread of its own: a read never waits behind an fsync).
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="pynsq-read")
         self._new_dirs: list[str] = []
         self._flush_scheduled = False
         self._restoring = False
@@ -241,18 +257,20 @@ class DiskStore(Store):
         if topic.ephemeral or self._restoring:
             return
         self._queued.setdefault(topic.name, []).append(item)
+        self._open.pop(topic.name, None)
         self._flush_soon()
 
     def _queue_batch(self, channel: "Channel", kind: int, entries: list) -> None:
         if self._restoring:
             return
-        queue = self._queued.setdefault(channel.topic.name, [])
-        last = queue[-1] if queue else None
-        if type(last) is _Batch and last.kind == kind and last.channel == channel.name:
-            last.entries += entries
-        else:
-            queue.append(_Batch(kind, channel.name, list(entries)))
+        name = channel.topic.name
+        batches = self._open.setdefault(name, {})
+        batch = batches.get((kind, channel))
+        if batch is None:
+            batch = batches[(kind, channel)] = _Batch(kind, channel.name)
+            self._queued.setdefault(name, []).append(batch)
             self._flush_soon()
+        batch.entries += entries
 
     # -- what the core tells ----------------------------------------------
     def published(self, topic: "Topic", msgs: list[Message], defers: list[int],
@@ -311,22 +329,53 @@ class DiskStore(Store):
         msg.expires = expires
         return msg
 
+    def read_ahead(self, topic: "Topic", locs: Sequence[int],
+                   done: Callable[[list[Message | None] | None], None]) -> bool:
+        topic_log = self.logs.get(topic.name)
+        if topic_log is None:
+            return False
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+
+        def arrived(future: Future) -> None:
+            err = future.exception()
+            if err is not None:
+                log.warning("%s: reading messages waiting on disk failed: %s (read one by "
+                            "one from now on)", topic_log.dir, err)
+            done(None if err is not None else future.result())
+
+        def finished(future: Future) -> None:
+            try:
+                loop.call_soon_threadsafe(arrived, future)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                pass
+
+        try:
+            self._reader.submit(topic_log.read_messages, locs).add_done_callback(finished)
+        except RuntimeError:  # shut down
+            return False
+        return True
+
     def delivered(self, channel: "Channel", msgs: list[Message]) -> None:
         if self._durable(channel):
             self._queue_batch(channel, records.ATTEMPTS, msgs)
 
     def finished(self, channel: "Channel", msgs: list[Message]) -> None:
         per_segment: dict[int, int] = {}
+        ids = []
         for msg in msgs:
-            if msg.loc:
-                seg = msg.loc >> OFFSET_BITS
+            loc = msg.loc
+            if loc:
+                seg = loc >> OFFSET_BITS
                 per_segment[seg] = per_segment.get(seg, 0) + 1
+                ids.append(msg.id)
+                msg.loc = 0  # gone: no delivery count is written for it any more
         if not per_segment:
             return
         if self._durable(channel):
-            self._queue_batch(channel, records.FIN, [int(m.id, 16) for m in msgs if m.loc])
-        for msg in msgs:
-            msg.loc = 0  # gone: no delivery count is written for it any more
+            self._queue_batch(channel, records.FIN, ids)
         topic_log = self.logs[channel.topic.name]
         for seg, count in per_segment.items():
             topic_log.release(seg, count)
@@ -380,6 +429,7 @@ class DiskStore(Store):
 
     def topic_deleted(self, topic: "Topic") -> None:
         self._queued.pop(topic.name, None)
+        self._open.pop(topic.name, None)
         self._logged.pop(topic.name, None)
         self._dedupe.pop(topic.name, None)
         topic_log = self.logs.pop(topic.name, None)
@@ -458,6 +508,7 @@ class DiskStore(Store):
         return queued, b"".join(parts)
 
     def _written(self, name: str, queued: list[Queued]) -> None:
+        self._open.pop(name, None)
         logged = self._logged.get(name)
         for item in queued:
             if type(item) is _Change and logged is not None:
@@ -484,6 +535,7 @@ class DiskStore(Store):
             topic_log = self.logs.get(name)
             if not data or topic_log is None:
                 self._queued.pop(name, None)
+                self._open.pop(name, None)
                 continue
             try:
                 topic_log.append(data)
@@ -742,6 +794,7 @@ class DiskStore(Store):
     def abandon(self) -> None:
         """Let go of the data path writing nothing more: what ``kill -9`` leaves
         (the kernel keeps what was written). For crash tests."""
+        self._reader.shutdown(wait=True)
         self._executor.shutdown(wait=True)
         for topic_log in self.logs.values():
             topic_log.abandon()
@@ -754,6 +807,7 @@ class DiskStore(Store):
             self.wait_synced()
         except Exception as err:  # noqa: BLE001 - logged; closing goes on
             log.error("data path %s: final fsync failed: %s", self.path, err)
+        self._reader.shutdown(wait=True)
         self._executor.shutdown(wait=True)
         for topic_log in self.logs.values():
             try:

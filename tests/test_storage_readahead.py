@@ -1,0 +1,176 @@
+"""Messages waiting on disk are read back ahead of their channel's cursor, off the
+event loop; delivery counts are written one record per channel per pass.
+
+The first test runs the real reader thread under a running event loop; the
+others hold reads back by hand (as the model test does) to make them arrive
+late: after the messages they read moved in the log, or after a lease took them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from broker import Broker, Options
+from broker.clock import ManualClock
+from broker.storage import DiskStore, fileops, records
+from broker.storage.segments import segment_of
+
+from .corekit import Recorder
+from .faultfs import FaultyFiles
+
+
+class ReadsRecorded(FaultyFiles):
+    """Remembers which thread each read of a log file ran in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read_threads: list[str] = []
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        self.read_threads.append(threading.current_thread().name)
+        return super().pread(fd, size, offset)
+
+
+def start(path, **options) -> Broker:
+    opts = Options(data_path=str(path), **options)
+    broker = Broker(opts, clock=ManualClock())
+    broker.storage = DiskStore(broker, opts)
+    broker.storage.recover()
+    return broker
+
+
+def held_reads(broker: Broker) -> list:
+    """Make the store queue its reads ahead here instead of in its thread."""
+    reads: list = []
+
+    def read_ahead(topic, locs, done) -> bool:
+        reads.append((broker.storage.logs[topic.name], locs, done))
+        return True
+
+    broker.storage.read_ahead = read_ahead
+    return reads
+
+
+def arrive(reads: list) -> None:
+    for topic_log, locs, done in reads:
+        done(topic_log.read_messages(locs))
+    reads.clear()
+
+
+def test_spilled_messages_are_read_off_the_event_loop_and_delivered_in_order(tmp_path,
+                                                                               monkeypatch):
+    files = ReadsRecorded()
+    monkeypatch.setattr(fileops, "current", files)
+    bodies = [f"m{i}-".encode() * (1 + i % 40) for i in range(3000)]
+
+    async def run() -> list:
+        broker = start(tmp_path, mem_queue_size=10, max_bytes_per_file=64 << 10)
+        consumer = Recorder(broker)
+        ch = broker.subscribe(consumer, "events", "work")
+        ids = broker.multi_publish("events", bodies)
+        files.read_threads.clear()
+        ch.set_rdy(consumer, 300)
+        seen = 0
+        for _ in range(10_000):
+            if len(consumer.received) == len(bodies):
+                break
+            if len(consumer.received) > seen:
+                seen = len(consumer.received)
+                consumer.fin_all()
+            await asyncio.sleep(0.001)
+        broker.storage.close()
+        return ids, consumer.received
+
+    ids, received = asyncio.run(run())
+    assert [m.id for m in received] == ids
+    assert [m.body for m in received] == bodies
+    assert all(m.attempts == 1 for m in received)
+    assert files.read_threads, "the spilled messages were read back"
+    assert set(files.read_threads) == {"pynsq-read_0"}, "no read on the event loop"
+
+
+def test_a_channel_waits_for_its_next_messages_and_gets_them_when_they_arrive(tmp_path):
+    broker = start(tmp_path, mem_queue_size=5)
+    reads = held_reads(broker)
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    ids = broker.multi_publish("events", [f"m{i}".encode() for i in range(50)])
+    ch.set_rdy(consumer, 100)
+    assert consumer.ids == ids[:5]           # the rest is being read
+    assert reads and ch.depth == 45
+    arrive(reads)
+    for _ in range(10):
+        arrive(reads)
+    assert consumer.ids == ids
+    assert [m.body for m in consumer.received] == [f"m{i}".encode() for i in range(50)]
+
+
+def test_a_read_that_arrives_after_its_messages_moved_in_the_log_is_read_again(tmp_path):
+    broker = start(tmp_path, mem_queue_size=2, max_bytes_per_file=1024)
+    store = broker.storage
+    reads = held_reads(broker)
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    ids = broker.multi_publish("events", [f"old-{i}".encode() for i in range(10)])
+    for i in range(40):  # newer files, so the first one is worth moving out
+        broker.publish("events", f"new-{i}".encode() * 10)
+    ch.set_rdy(consumer, 2)
+    consumer.fin_all()
+    ch.set_rdy(consumer, 2)                  # the next ones are being read
+    assert reads
+    topic_log = store.logs["events"]
+    first = min(topic_log.refs)
+    store._relocate(broker.topic("events"), topic_log, first)   # what tick does
+    assert first not in topic_log.refs or topic_log.refs[first] == 0
+    arrive(reads)                            # read from where they no longer are
+    got = list(consumer.received)
+    for _ in range(100):
+        arrive(reads)
+        ch.set_rdy(consumer, 100)
+        consumer.fin_all()
+        if len(consumer.received) == 50:
+            break
+    assert consumer.ids[:10] == ids
+    assert all(segment_of(m.loc) != first for m in consumer.received[len(got):] if m.loc)
+    assert not any(topic_log.refs.values()), "every FIN released what its message held"
+    store.close()
+
+
+def test_a_lease_takes_spilled_messages_even_while_a_read_is_under_way(tmp_path):
+    broker = start(tmp_path, mem_queue_size=3)
+    reads = held_reads(broker)
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    ids = broker.multi_publish("events", [f"m{i}".encode() for i in range(20)])
+    ch.set_rdy(consumer, 10)
+    assert consumer.ids == ids[:3] and reads
+    session = broker.open_lease_session("spark")
+    lease, depth = broker.reserve(session.session_id, "events", "work", 5)
+    assert [m.id for m in lease.order] == ids[3:8]
+    arrive(reads)                            # too late for those five: read again
+    for _ in range(10):
+        consumer.fin_all()
+        arrive(reads)
+    assert consumer.ids == ids[:3] + ids[8:]
+
+
+def test_deliveries_of_one_pass_write_one_attempts_record_per_channel(tmp_path):
+    broker = start(tmp_path)
+    consumers = {}
+    for name in ("x", "y"):
+        consumers[name] = Recorder(broker)
+        broker.subscribe(consumers[name], "events", name)
+    broker.multi_publish("events", [b"a", b"b", b"c", b"d"])
+    for _ in range(4):  # delivered and FINed one at a time, in one pass
+        for name, consumer in consumers.items():
+            broker.channel("events", name).set_rdy(consumer, 1)
+            consumer.fin_all()
+            broker.channel("events", name).set_rdy(consumer, 1)
+    broker.storage.flush()
+    data = b"".join(p.read_bytes() for p in sorted((tmp_path / "topics" / "t-events")
+                                                   .glob("*.log")))
+    kinds = [r.kind for r in records.scan(data, "log")]
+    assert kinds.count(records.ATTEMPTS) <= 2
+    assert kinds.count(records.FIN) == 2
+    broker.storage.close()
