@@ -331,9 +331,12 @@ class Channel:
         if self.paused or not self._consumers:
             return
         ready = self._ready
+        if not ready:
+            return
         consumers = self._consumers
         n = len(consumers)
         now = self._clock.monotonic()
+        now_ns = self._clock.wall_ns()
         push = self._in_flight.push
         delivered: list[Message] = []
         while ready:
@@ -344,7 +347,7 @@ class Channel:
                     break
             else:
                 break
-            msg = self._next_ready()
+            msg = self._next_ready(now_ns)
             if msg is None:
                 break
             msg.delivered()
@@ -357,18 +360,19 @@ class Channel:
             self._timers_started()
             self._store.delivered(self, delivered)
 
-    def _next_ready(self) -> Message | None:
+    def _next_ready(self, now_ns: int = 0) -> Message | None:
         """The next message to deliver; on the way, those that must not be delivered
-        (expired, or past max_attempts) leave the channel (see deadletter.py)."""
+        (expired, or past max_attempts) leave the channel (see deadletter.py).
+        ``now_ns``: the wall clock, read once by a caller taking many (0: read it)."""
         while True:
             msg = self._ready.popleft()
-            if msg is None or not self._leaves(msg):
+            if msg is None or not self._leaves(msg, now_ns):
                 return msg
 
-    def _leaves(self, msg: Message) -> bool:
+    def _leaves(self, msg: Message, now_ns: int = 0) -> bool:
         """Whether ``msg`` (out of the ready queue) must not be delivered; if so it has
         left the channel, or waits to retry a dead letter that could not be written."""
-        reason = deadletter.verdict(self, msg, self._clock.wall_ns())
+        reason = deadletter.verdict(self, msg, now_ns or self._clock.wall_ns())
         if not reason:
             return False
         if not deadletter.remove(self, msg, reason):
