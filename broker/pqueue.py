@@ -63,6 +63,14 @@ class DeadlineQueue:
         if len(self._heap) > 1024 and len(self._heap) > 4 * self._live:
             self._compact()
 
+    def cancel_many(self, msgs: list[Message]) -> None:
+        """Void the entries of ``msgs``, all in this queue."""
+        for msg in msgs:
+            msg.token += 1
+        self._live -= len(msgs)
+        if len(self._heap) > 1024 and len(self._heap) > 4 * self._live:
+            self._compact()
+
     def pop_due(self, now: float) -> Iterator[Message]:
         """Yield, and remove, every message whose deadline is at or before ``now``."""
         heap = self._heap

@@ -26,6 +26,13 @@ class LatencySample:
         self.bucket_counts[bisect_left(HISTOGRAM_BOUNDS_MS, latency_ms)] += 1
         self.sum_ms += latency_ms
 
+    def add_many(self, latencies_ms: list[float]) -> None:
+        self._values.extend(latencies_ms)
+        counts = self.bucket_counts
+        for latency_ms in latencies_ms:
+            counts[bisect_left(HISTOGRAM_BOUNDS_MS, latency_ms)] += 1
+        self.sum_ms += sum(latencies_ms)
+
     def extend(self, other: "LatencySample") -> None:
         self._values.extend(other._values)
 

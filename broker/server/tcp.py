@@ -183,9 +183,10 @@ class V2Connection(asyncio.Protocol):
             self.transport.write(data)
 
     def _on_message(self, msg: Message) -> None:
-        data = wire.message_frame(msg.id, msg.body, msg.timestamp, msg.attempts)
-        self.out.append(data)
-        self.out_bytes += len(data)
+        # The frame's parts go out as they are: joined once per write, not per message.
+        parts = wire.message_frame_parts(msg.id, msg.body, msg.timestamp, msg.attempts)
+        self.out.extend(parts)
+        self.out_bytes += len(msg.body) + wire.MESSAGE_OVERHEAD
         if self.out_bytes >= self.output_buffer_size:
             self._write_out()
         elif not self.flush_scheduled:
@@ -426,10 +427,10 @@ class V2Connection(asyncio.Protocol):
         return pos
 
     def _fins_allowed(self) -> bool:
-        """Whether a FIN now passes every check but whether the message is held."""
-        consumer, security = self.consumer, self.server.security
-        return consumer is not None and consumer.channel is not None and (
-            security is None or self.tls or not security.tcp_tls_required())
+        """Whether a FIN now passes every check but whether the message is held (a
+        subscribed connection has passed the TLS policy already)."""
+        consumer = self.consumer
+        return consumer is not None and consumer.channel is not None
 
     def _fin_many(self, ids: list[str]) -> None:
         """FIN lines read at once (see ``wire.read_fins``): each failure gets its

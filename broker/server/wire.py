@@ -25,6 +25,8 @@ FRAME_HEAD = struct.Struct(">ii")
 MESSAGE_HEAD = struct.Struct(">iiqH")   # size, type, timestamp, attempts
 SIZE = struct.Struct(">i")
 MSG_ID_LENGTH = 16
+#: What a MSG frame adds to its body: size, type, timestamp, attempts and id.
+MESSAGE_OVERHEAD = MESSAGE_HEAD.size + MSG_ID_LENGTH
 #: nsqd reads a command line through a 16 KiB buffer; a longer line ends the connection.
 MAX_LINE = 16 * 1024
 # FIN lines in the form clients send them, one after another (read in one match).
@@ -49,8 +51,14 @@ def frame(kind: int, data: bytes) -> bytes:
 
 
 def message_frame(msg_id: str, body: bytes, timestamp: int, attempts: int) -> bytes:
-    return MESSAGE_HEAD.pack(len(body) + 30, FRAME_MESSAGE, timestamp, attempts) + \
-        msg_id.encode() + body
+    return b"".join(message_frame_parts(msg_id, body, timestamp, attempts))
+
+
+def message_frame_parts(msg_id: str, body: bytes, timestamp: int,
+                        attempts: int) -> tuple[bytes, bytes, bytes]:
+    """A MSG frame as (head, id, body), ``MESSAGE_OVERHEAD`` bytes more than the body."""
+    return (MESSAGE_HEAD.pack(len(body) + 30, FRAME_MESSAGE, timestamp, attempts),
+            msg_id.encode(), body)
 
 
 def error_frame(err: BrokerError) -> bytes:
