@@ -89,8 +89,9 @@ def run_nsqd(folder: Path, runfor: str) -> dict:
 def run_pynsqd(folder: Path, runfor: str, event_loop: str = "asyncio") -> dict:
     tcp = free_port()
     with tempfile.TemporaryDirectory(prefix="pynsqd-bench-") as data:
+        loop = ["--event-loop", event_loop] if event_loop != "asyncio" else []
         proc, _ = start_pynsqd("--tcp-address", f"127.0.0.1:{tcp}", "--http-address", "",
-                               "--data-path", data, "--event-loop", event_loop)
+                               "--data-path", data, *loop)
         try:
             wait_listening(tcp)
             return write_then_read(folder, tcp, runfor, proc.pid)
