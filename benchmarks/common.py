@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -45,6 +46,12 @@ def start_pynsqd(*args: str, grpc_port: int | None = None, timeout: float = 30.0
            "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
            "--log-level", "warning", *args]
     return start(cmd, port, timeout), f"127.0.0.1:{port}"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads), from /proc."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -1,13 +1,16 @@
 """NSQ's own benchmark tools against pynsqd and nsqd, side by side in one run.
 
-    python benchmarks/nsq_bench.py [--runfor 10s] [--nsq-bin DIR]
+    python benchmarks/nsq_bench.py [--runfor 10s] [--nsq-bin DIR] [--event-loop asyncio uvloop]
 
 ``bench_writer`` (MPUB of 200 × 100-byte messages, one connection per core)
 runs for ``--runfor`` against each broker, then ``bench_reader`` (RDY 2500, one
 connection per core) drains what was written for as long. Each broker is a
 fresh subprocess with its data in a temporary directory (nsqd spills past
 ``--mem-queue-size`` to disk; pynsqd runs with ``--data-path`` so it does too).
-The ratios are pynsqd ÷ nsqd from the same run.
+pynsqd runs once per event loop asked for (by default asyncio, and uvloop too
+when it is installed). Reported: msgs/s, and the broker's CPU time per message
+(from ``/proc``; steadier than msgs/s on a shared machine). The ratios are
+pynsqd ÷ nsqd from the same run.
 
 NSQ's binaries are looked for in ``$NSQ_BIN``, else ``../shared/nsq/bin``
 beside the repository; when they are absent the benchmark says so and skips.
@@ -16,6 +19,7 @@ beside the repository; when they are absent the benchmark says so and skips.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -24,13 +28,14 @@ import tempfile
 from pathlib import Path
 
 try:
-    from .common import free_port, start, start_pynsqd, stop, wait_listening
+    from .common import cpu_seconds, free_port, start, start_pynsqd, stop, wait_listening
 except ImportError:  # run as a script
-    from common import free_port, start, start_pynsqd, stop, wait_listening
+    from common import cpu_seconds, free_port, start, start_pynsqd, stop, wait_listening
 
 REPO = Path(__file__).resolve().parents[1]
 SIZE, BATCH = 100, 200
 OPS = re.compile(r"([\d.]+)ops/s")
+DURATION = re.compile(r"duration: ([\d.]+)s")
 
 
 def nsq_bin(explicit: str | None = None) -> Path | None:
@@ -40,23 +45,33 @@ def nsq_bin(explicit: str | None = None) -> Path | None:
     return folder if all((folder / name).is_file() for name in needed) else None
 
 
-def bench(tool: Path, tcp_port: int, runfor: str, topic: str) -> float:
-    """Run one of NSQ's bench tools; its ops/s."""
+def event_loops() -> list[str]:
+    """The event loops pynsqd can run here: asyncio, and uvloop when installed."""
+    return ["asyncio", *(["uvloop"] if importlib.util.find_spec("uvloop") else [])]
+
+
+def bench(tool: Path, tcp_port: int, runfor: str, topic: str, pid: int) -> tuple[float, float]:
+    """Run one of NSQ's bench tools; (its ops/s, broker CPU µs per message)."""
+    cpu0 = cpu_seconds(pid)
     out = subprocess.run([str(tool), "--nsqd-tcp-address", f"127.0.0.1:{tcp_port}",
                           "--runfor", runfor, "--size", str(SIZE), "--topic", topic,
                           *(["--batch-size", str(BATCH)] if tool.name == "bench_writer" else [])],
                          capture_output=True, text=True, timeout=600, check=True)
-    found = OPS.findall(out.stdout + out.stderr)
-    if not found:
-        raise RuntimeError(f"{tool.name} printed no rate: {out.stdout}{out.stderr}")
-    return float(found[-1])
+    cpu = cpu_seconds(pid) - cpu0
+    text = out.stdout + out.stderr
+    found, took = OPS.findall(text), DURATION.findall(text)
+    if not found or not took:
+        raise RuntimeError(f"{tool.name} printed no rate: {text}")
+    rate = float(found[-1])
+    return rate, cpu / (rate * float(took[-1])) * 1e6 if rate else 0.0
 
 
-def write_then_read(folder: Path, tcp_port: int, runfor: str) -> dict:
+def write_then_read(folder: Path, tcp_port: int, runfor: str, pid: int) -> dict:
     topic = f"sub_bench_{tcp_port}"
-    write = bench(folder / "bench_writer", tcp_port, runfor, topic)
-    read = bench(folder / "bench_reader", tcp_port, runfor, topic)
-    return {"write_msgs_per_s": round(write), "read_msgs_per_s": round(read)}
+    write, write_cpu = bench(folder / "bench_writer", tcp_port, runfor, topic, pid)
+    read, read_cpu = bench(folder / "bench_reader", tcp_port, runfor, topic, pid)
+    return {"write_msgs_per_s": round(write), "read_msgs_per_s": round(read),
+            "write_cpu_us_per_msg": round(write_cpu, 2), "read_cpu_us_per_msg": round(read_cpu, 2)}
 
 
 def run_nsqd(folder: Path, runfor: str) -> dict:
@@ -66,34 +81,45 @@ def run_nsqd(folder: Path, runfor: str) -> dict:
                       "--http-address", f"127.0.0.1:{http}", "--data-path", data,
                       "--log-level", "warn"], tcp)
         try:
-            return write_then_read(folder, tcp, runfor)
+            return write_then_read(folder, tcp, runfor, proc.pid)
         finally:
             stop(proc)
 
 
-def run_pynsqd(folder: Path, runfor: str) -> dict:
+def run_pynsqd(folder: Path, runfor: str, event_loop: str = "asyncio") -> dict:
     tcp = free_port()
     with tempfile.TemporaryDirectory(prefix="pynsqd-bench-") as data:
+        loop = ["--event-loop", event_loop] if event_loop != "asyncio" else []
         proc, _ = start_pynsqd("--tcp-address", f"127.0.0.1:{tcp}", "--http-address", "",
-                               "--data-path", data)
+                               "--data-path", data, *loop)
         try:
             wait_listening(tcp)
-            return write_then_read(folder, tcp, runfor)
+            return write_then_read(folder, tcp, runfor, proc.pid)
         finally:
             stop(proc)
 
 
-def run(runfor: str = "10s", explicit_bin: str | None = None) -> dict:
-    """Both brokers, nsqd first; {} with a reason when NSQ's binaries are absent."""
+def run(runfor: str = "10s", explicit_bin: str | None = None,
+        loops: list[str] | None = None) -> dict:
+    """nsqd, then pynsqd under each event loop of ``loops`` (default: ``event_loops()``);
+    {"skipped": reason} when NSQ's binaries are absent. ``pynsqd`` and the ratios are
+    the first loop's; ``by_event_loop`` has every loop's figures and ratios."""
     folder = nsq_bin(explicit_bin)
     if folder is None:
         return {"skipped": "NSQ's binaries (nsqd, bench_writer, bench_reader) were not found: "
                            "set NSQ_BIN to their folder"}
     nsqd = run_nsqd(folder, runfor)
-    pynsqd = run_pynsqd(folder, runfor)
-    return {"runfor": runfor, "nsqd": nsqd, "pynsqd": pynsqd,
-            "write_ratio": round(pynsqd["write_msgs_per_s"] / nsqd["write_msgs_per_s"], 3),
-            "read_ratio": round(pynsqd["read_msgs_per_s"] / nsqd["read_msgs_per_s"], 3)}
+    by_loop = {}
+    for loop in loops or event_loops():
+        r = run_pynsqd(folder, runfor, loop)
+        by_loop[loop] = {**r, "write_ratio": round(r["write_msgs_per_s"]
+                                                   / nsqd["write_msgs_per_s"], 3),
+                         "read_ratio": round(r["read_msgs_per_s"] / nsqd["read_msgs_per_s"], 3)}
+    first = next(iter(by_loop.values()))
+    return {"runfor": runfor, "nsqd": nsqd,
+            "pynsqd": {k: v for k, v in first.items() if not k.endswith("_ratio")},
+            "write_ratio": first["write_ratio"], "read_ratio": first["read_ratio"],
+            "by_event_loop": by_loop}
 
 
 def main() -> None:
@@ -101,8 +127,11 @@ def main() -> None:
     parser.add_argument("--runfor", default="10s", help="how long each tool runs (Go duration)")
     parser.add_argument("--nsq-bin", help="folder of NSQ's binaries (default: $NSQ_BIN, "
                                           "then ../shared/nsq/bin)")
+    parser.add_argument("--event-loop", nargs="+", choices=("asyncio", "uvloop"),
+                        help="pynsqd's event loops to run (default: asyncio, and uvloop when "
+                             "installed)")
     args = parser.parse_args()
-    print(json.dumps(run(args.runfor, args.nsq_bin), indent=2))
+    print(json.dumps(run(args.runfor, args.nsq_bin, args.event_loop), indent=2))
 
 
 if __name__ == "__main__":

@@ -57,17 +57,23 @@ def spark_rows(sizes: dict) -> list[dict]:
 
 
 def nsq_rows(sizes: dict) -> list[dict]:
-    """NSQ's own bench_writer/bench_reader, pynsqd ÷ nsqd in the same run."""
+    """NSQ's own bench_writer/bench_reader, pynsqd ÷ nsqd in the same run, under each
+    event loop pynsqd can use; CPU per message (broker's, from /proc) beside each."""
     r = nsq_bench.run(sizes["nsq_runfor"])
     if "skipped" in r:
         print(f"NSQ's bench tools: skipped ({r['skipped']})")
         return []
-    return [
-        row("nsq bench_writer MPUB 200x100B (÷ nsqd)", r["pynsqd"]["write_msgs_per_s"], "msgs/s",
-            r["nsqd"]["write_msgs_per_s"], "ratio >= 1.0 (÷ nsqd 1.3.0)"),
-        row("nsq bench_reader RDY 2500 (÷ nsqd)", r["pynsqd"]["read_msgs_per_s"], "msgs/s",
-            r["nsqd"]["read_msgs_per_s"], "ratio >= 0.8 (÷ nsqd 1.3.0)"),
-    ]
+    nsqd, rows = r["nsqd"], []
+    for i, (loop, p) in enumerate(r["by_event_loop"].items()):
+        for kind, tool, shape, goal in (("write", "bench_writer", "MPUB 200x100B", ">= 1.0"),
+                                        ("read", "bench_reader", "RDY 2500", ">= 0.8")):
+            name = f"{tool} {shape}" if i == 0 else f"{tool} on {loop}"
+            rows.append(row(f"nsq {name} (÷ nsqd)", p[f"{kind}_msgs_per_s"], "msgs/s",
+                            nsqd[f"{kind}_msgs_per_s"],
+                            f"ratio {goal} (÷ nsqd 1.3.0); CPU us/msg "
+                            f"{p[f'{kind}_cpu_us_per_msg']:.2f} vs nsqd "
+                            f"{nsqd[f'{kind}_cpu_us_per_msg']:.2f}"))
+    return rows
 
 
 def scaling_rows(sizes: dict) -> list[dict]:

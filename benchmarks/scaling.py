@@ -15,16 +15,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import resource
 import struct
 import time
 
 try:
-    from .common import free_port, start_pynsqd, stop, wait_listening
+    from .common import cpu_seconds, free_port, start_pynsqd, stop, wait_listening
     from .tcp_throughput import read_frames
 except ImportError:  # run as a script
-    from common import free_port, start_pynsqd, stop, wait_listening
+    from common import cpu_seconds, free_port, start_pynsqd, stop, wait_listening
     from tcp_throughput import read_frames
 
 BATCH, SIZE = 200, 100
@@ -40,12 +39,6 @@ SHAPES = [
     ("consumers", "10 consumers", 1, 1, 10),
     ("consumers", "1000 consumers", 1, 1, 1000),
 ]
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process, from /proc."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def mpub(topic: str, bodies: int) -> bytes:

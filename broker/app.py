@@ -39,6 +39,22 @@ def _log_accept_failures(loop: asyncio.AbstractEventLoop, context: dict) -> None
                   "retrying)", context.get("exception"))
 
 
+def new_event_loop(choice: str = "asyncio") -> asyncio.AbstractEventLoop:
+    """A new event loop of the kind ``--event-loop`` names: ``asyncio``, ``uvloop``
+    (an error naming the option when it is not installed), or ``auto`` (uvloop
+    when installed, else asyncio)."""
+    if choice in ("uvloop", "auto"):
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                raise ValueError("event-loop uvloop: the uvloop package is not installed "
+                                 "(install pynsq-broker[uvloop], or use asyncio)") from None
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
 class BrokerApp:
     def __init__(self, options: Options | None = None) -> None:
         self.options = options or Options()

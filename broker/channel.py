@@ -199,45 +199,39 @@ class Channel:
 
     # -- FIN / REQ / TOUCH -----------------------------------------------
     def finish(self, consumer: Consumer, msg_id: str) -> None:
-        self._store.finished(self, [self._finish(consumer, msg_id, self._clock.wall_ns())])
-        self._pump()
+        self._held(consumer, msg_id, "FIN")
+        self.finish_many(consumer, (msg_id,))
 
     def finish_many(self, consumer: Consumer, msg_ids: Iterable[str]) -> list[NotInFlight]:
         """FIN several messages, refilling the consumer once; returns the failures."""
         failures, finished = [], []
-        wall_ns = self._clock.wall_ns()
+        held = consumer.in_flight
         for msg_id in msg_ids:
-            try:
-                finished.append(self._finish(consumer, msg_id, wall_ns))
-            except NotInFlight as err:
-                failures.append(err)
-        self._store.finished(self, finished)
+            msg = held.pop(msg_id, None)
+            if msg is None:
+                failures.append(self._not_held(msg_id, "FIN"))
+            else:
+                finished.append(msg)
+        self._finished(consumer, finished)
         self._pump()
         return failures
 
-    def _finish(self, consumer: Consumer, msg_id: str, wall_ns: int) -> Message:
-        """Take ``msg_id`` out of flight; the caller tells the store."""
-        msg = self._held(consumer, msg_id, "FIN")
-        del consumer.in_flight[msg_id]
-        self._in_flight.cancel(msg)
-        msg.consumer = None
-        consumer.finish_count += 1
-        self.finish_count += 1
-        self.latency.add((wall_ns - msg.timestamp) / 1e6)
-        return msg
+    def _finished(self, holder: Consumer, msgs: list[Message]) -> None:
+        """``msgs``, out of ``holder``'s hands, leave flight: counted, timed, told to the store."""
+        self._in_flight.cancel_many(msgs)
+        wall_ns = self._clock.wall_ns()
+        for msg in msgs:
+            msg.consumer = None
+        self.latency.add_many([(wall_ns - msg.timestamp) / 1e6 for msg in msgs])
+        holder.finish_count += len(msgs)
+        self.finish_count += len(msgs)
+        self._store.finished(self, msgs)
 
     def finish_all(self, holder: Consumer) -> int:
         """FIN everything ``holder`` has in flight (a lease); returns how many."""
         held = list(holder.in_flight.values())
         holder.in_flight.clear()
-        wall_ns = self._clock.wall_ns()
-        for msg in held:
-            self._in_flight.cancel(msg)
-            msg.consumer = None
-            self.latency.add((wall_ns - msg.timestamp) / 1e6)
-        self._store.finished(self, held)
-        holder.finish_count += len(held)
-        self.finish_count += len(held)
+        self._finished(holder, held)
         self._pump()
         return len(held)
 
@@ -275,10 +269,13 @@ class Channel:
     def _held(self, consumer: Consumer, msg_id: str, command: str) -> Message:
         msg = consumer.in_flight.get(msg_id)
         if msg is None:
-            raise NotInFlight(command, msg_id,
-                              f"{command} {msg_id}: message not in flight for this consumer "
-                              f"on channel {self.topic.name}/{self.name}")
+            raise self._not_held(msg_id, command)
         return msg
+
+    def _not_held(self, msg_id: str, command: str) -> NotInFlight:
+        return NotInFlight(command, msg_id,
+                           f"{command} {msg_id}: message not in flight for this consumer "
+                           f"on channel {self.topic.name}/{self.name}")
 
     # -- time -------------------------------------------------------------
     def tick(self, now: float) -> bool:
@@ -334,9 +331,12 @@ class Channel:
         if self.paused or not self._consumers:
             return
         ready = self._ready
+        if not ready:
+            return
         consumers = self._consumers
         n = len(consumers)
         now = self._clock.monotonic()
+        now_ns = self._clock.wall_ns()
         push = self._in_flight.push
         delivered: list[Message] = []
         while ready:
@@ -347,7 +347,7 @@ class Channel:
                     break
             else:
                 break
-            msg = self._next_ready()
+            msg = self._next_ready(now_ns=now_ns)
             if msg is None:
                 break
             msg.delivered()
@@ -360,19 +360,20 @@ class Channel:
             self._timers_started()
             self._store.delivered(self, delivered)
 
-    def _next_ready(self, wait: bool = True) -> Message | None:
+    def _next_ready(self, wait: bool = True, now_ns: int = 0) -> Message | None:
         """The next message to deliver (None: none, or, if ``wait``, not read from disk
         yet); on the way, those that must not be delivered (expired, or past
-        max_attempts) leave the channel (see deadletter.py)."""
+        max_attempts) leave the channel (see deadletter.py). ``now_ns``: the wall clock,
+        read once by a caller taking many (0: read it)."""
         while True:
             msg = self._ready.popleft(wait)
-            if msg is None or not self._leaves(msg):
+            if msg is None or not self._leaves(msg, now_ns):
                 return msg
 
-    def _leaves(self, msg: Message) -> bool:
+    def _leaves(self, msg: Message, now_ns: int = 0) -> bool:
         """Whether ``msg`` (out of the ready queue) must not be delivered; if so it has
         left the channel, or waits to retry a dead letter that could not be written."""
-        reason = deadletter.verdict(self, msg, self._clock.wall_ns())
+        reason = deadletter.verdict(self, msg, now_ns or self._clock.wall_ns())
         if not reason:
             return False
         if not deadletter.remove(self, msg, reason):

@@ -110,8 +110,7 @@ class Broker:
             deadletter.check_ttl_ms(ttl)
         t = self.get_or_create_topic(topic)
         now = self.clock.wall_ns()
-        new_id = self.new_id
-        msgs = [Message(new_id(), body, now) for body in bodies]
+        msgs = [Message(i, body, now) for i, body in zip(self.new_id.many(len(bodies)), bodies)]
         if ttls or t.ttl_ms:
             for msg, ttl in zip(msgs, ttls or [0] * len(msgs)):
                 msg.expires = deadletter.expires_at(now, ttl or t.ttl_ms)

@@ -18,7 +18,7 @@ import signal
 import sys
 
 from . import __version__
-from .app import BrokerApp
+from .app import BrokerApp, new_event_loop
 from .options import Options, option_flag, option_help
 from .security.tls import exposure_warnings
 from .storage import DataPathLocked
@@ -72,6 +72,8 @@ async def serve(options: Options) -> None:
         logging.getLogger("pynsqd").warning("%s", warning)
     app = BrokerApp(options)
     await app.start()
+    loop_kind = type(asyncio.get_running_loop()).__module__.partition(".")[0]
+    logging.getLogger("pynsqd").info("event loop: %s", loop_kind)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -92,7 +94,12 @@ def main(argv: list[str] | None = None) -> int:
                         format="[pynsqd] %(asctime)s %(levelname)s: %(message)s")
     logging.getLogger("pynsqd").info("open-file limit: %d", raise_open_file_limit())
     try:
-        asyncio.run(serve(options))
+        loop = new_event_loop(options.event_loop)
+    except ValueError as err:
+        parser.error(str(err))
+    try:
+        with asyncio.Runner(loop_factory=lambda: loop) as runner:
+            runner.run(serve(options))
     except (OSError, DataPathLocked) as err:
         logging.getLogger("pynsqd").error("%s", err)
         return 1

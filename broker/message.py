@@ -7,7 +7,6 @@ channel.
 
 from __future__ import annotations
 
-import itertools
 import time
 from typing import TYPE_CHECKING, Optional
 
@@ -59,12 +58,19 @@ class IdFactory:
     """
 
     def __init__(self, start: int | None = None) -> None:
-        self._counter = itertools.count(start if start is not None else time.time_ns() // 1000)
+        self._next = start if start is not None else time.time_ns() // 1000
 
     def __call__(self) -> str:
-        return f"{next(self._counter):016x}"
+        n = self._next
+        self._next = n + 1
+        return f"{n:016x}"
+
+    def many(self, count: int) -> list[str]:
+        """``count`` ids in a row (one MPUB's)."""
+        start = self._next
+        self._next = start + count
+        return [f"{n:016x}" for n in range(start, start + count)]
 
     def advance_past(self, msg_id: str) -> None:
         """Never hand out ``msg_id`` or anything below it (used after recovery)."""
-        current = next(self._counter)
-        self._counter = itertools.count(max(current, int(msg_id, 16) + 1))
+        self._next = max(self._next, int(msg_id, 16) + 1)

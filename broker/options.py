@@ -19,6 +19,7 @@ from typing import Any
 DEFAULT_GRPC_ADDRESS = "127.0.0.1:4170"
 DEFAULT_TCP_ADDRESS = "127.0.0.1:4150"
 DEFAULT_HTTP_ADDRESS = "127.0.0.1:4151"
+EVENT_LOOPS = ("asyncio", "uvloop", "auto")
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, None: 1}
@@ -71,6 +72,8 @@ class Options:
     max_attempts: int = _opt(0, "deliveries after which a message goes to the channel's "
                                 "dead-letter topic (0: never; a channel may set its own)")
     log_level: str = _opt("info", "debug, info, warning or error")
+    event_loop: str = _opt("asyncio", "pynsqd's event loop: asyncio, uvloop (if installed), "
+                           "or auto (uvloop when installed, else asyncio)")
     lookupd_tcp_address: tuple[str, ...] = _opt(
         (), "host:port of an nsqlookupd's TCP port to register with (repeatable)")
     broadcast_address: str = _opt("", "address registered with nsqlookupd (default: hostname)")
@@ -119,6 +122,9 @@ class Options:
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ValueError(f"log-level: expected debug, info, warning or error, "
                              f"got {self.log_level!r}")
+        if self.event_loop not in EVENT_LOOPS:
+            raise ValueError(f"event-loop: expected {', '.join(EVENT_LOOPS)}, "
+                             f"got {self.event_loop!r}")
         if self.max_attempts > 65535:
             raise ValueError("max-attempts must be 0 (off) to 65535")
         if self.msg_timeout <= 0:

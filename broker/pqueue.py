@@ -29,10 +29,14 @@ class DeadlineQueue:
     def push(self, msg: Message, deadline: float) -> None:
         msg.deadline = deadline
         msg.token += 1
-        heapq.heappush(self._heap, (deadline, next(self._seq), msg, msg.token))
-        self._live += 1
-        if deadline > self._latest:
+        entry = (deadline, next(self._seq), msg, msg.token)
+        if deadline >= self._latest:
+            # No earlier than every entry: appended, the heap stays ordered (O(1)).
+            self._heap.append(entry)
             self._latest = deadline
+        else:
+            heapq.heappush(self._heap, entry)
+        self._live += 1
 
     def push_many(self, msgs: list[Message], deadline: float) -> None:
         """Push messages sharing one deadline (a lease, a burst of deliveries)."""
@@ -56,6 +60,14 @@ class DeadlineQueue:
         """Void ``msg``'s entry; the caller knows it is in this queue."""
         msg.token += 1
         self._live -= 1
+        if len(self._heap) > 1024 and len(self._heap) > 4 * self._live:
+            self._compact()
+
+    def cancel_many(self, msgs: list[Message]) -> None:
+        """Void the entries of ``msgs``, all in this queue."""
+        for msg in msgs:
+            msg.token += 1
+        self._live -= len(msgs)
         if len(self._heap) > 1024 and len(self._heap) > 4 * self._live:
             self._compact()
 

@@ -57,6 +57,23 @@ def test_round_robin_skips_consumers_without_room_and_goes_on_after_the_one_serv
     assert (a.ids, b.ids, c.ids) == ([ids[0]], ids[1::2], ids[2::2])
 
 
+def test_when_every_consumer_is_full_the_one_that_frees_room_is_served_and_round_robin_goes_on():
+    broker, _ = new_broker()
+    a, b, c = (subscribe(broker, "events", "work", rdy=1) for _ in range(3))
+    ids = publish_n(broker, "events", 7)           # 0, 1, 2 go out; 3 to 6 wait
+    assert (a.ids, b.ids, c.ids) == ([ids[0]], [ids[1]], [ids[2]])
+    b.channel.finish(b, ids[1])                    # b has room: b, and only b, gets 3
+    a.channel.set_rdy(a, 2)                        # a gets 4
+    c.channel.requeue(c, ids[2])                   # 2 waits behind 5, 6; c gets 5
+    assert (a.ids, b.ids, c.ids) == ([ids[0], ids[4]], [ids[1], ids[3]], [ids[2], ids[5]])
+    a.channel.finish_many(a, [ids[0], ids[4]])     # a gets 6 and 2
+    assert a.ids[2:] == [ids[6], ids[2]]
+    for consumer in (a, b, c):
+        consumer.channel.set_rdy(consumer, 10)
+    more = publish_n(broker, "events", 3)          # after a, the last served: b, c, a
+    assert (b.ids[-1], c.ids[-1], a.ids[-1]) == tuple(more)
+
+
 def test_a_consumer_gets_nothing_until_it_gives_a_rdy_count():
     broker, _ = new_broker()
     c = Recorder(broker)

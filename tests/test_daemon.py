@@ -82,6 +82,21 @@ def test_log_level_error_leaves_info_lines_out(daemons):
     assert "shutting down" not in d.output()
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_the_daemon_serves_on_the_event_loop_it_is_given(daemons, loop):
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+    d = daemons("--event-loop", loop).wait_ready()
+    with Client(d.address) as client:
+        client.publish("t", b"on " + loop.encode())
+        with client.subscribe("t", "ch", rdy=1) as sub:
+            msg = sub.get(30)
+            assert msg is not None and msg.body == b"on " + loop.encode()
+            sub.fin(msg.id)
+    assert d.stop(signal.SIGTERM) == 0
+    assert f"event loop: {loop}" in d.output()
+
+
 def test_a_port_in_use_is_a_clear_error(daemons):
     first = daemons().wait_ready()
     second = daemons(port=first.port)

@@ -6,9 +6,12 @@ from __future__ import annotations
 import time
 import urllib.request
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker.metrics import _histogram
+from broker.stats import HISTOGRAM_BOUNDS_MS, LatencySample
 
 from .helpers import wait_for
 
@@ -168,3 +171,16 @@ def test_pynsqd_pushes_nsqd_statsd_names_over_udp():
             counted = sum(int(line.split(":")[1].split("|")[0]) for line in seen
                           if line.startswith(f"{prefix}topic.events.message_count:"))
             assert counted == 3  # counters add up to what was published
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(HISTOGRAM_BOUNDS_MS), st.just(0.0),
+                          st.floats(0, 100_000, allow_nan=False)), max_size=40))
+def test_latencies_of_a_fin_batch_fill_the_histogram_as_fins_one_by_one_do(latencies):
+    one_by_one, batch = LatencySample(), LatencySample()
+    for latency in latencies:
+        one_by_one.add(latency)
+    batch.add_many(latencies)
+    assert batch.bucket_counts == one_by_one.bucket_counts
+    assert batch.sum_ms == one_by_one.sum_ms
+    assert batch.percentiles() == one_by_one.percentiles()

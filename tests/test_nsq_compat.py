@@ -188,6 +188,28 @@ def test_fin_req_touch_failures_are_reported_and_the_connection_stays(broker, cl
     assert raw.frame() == (0, b"OK")
 
 
+def test_fins_sent_in_one_write_finish_each_held_message_and_report_each_other_one(
+        broker, client):
+    ids = client.multi_publish("t", [b"a", b"b", b"c", b"d", b"e"])
+    raw = Raw(broker.tcp_address)
+    raw.send("SUB t ch")
+    assert raw.frame() == (0, b"OK")
+    raw.send("RDY 3")
+    held = [raw.frame()[1][10:26].decode() for _ in range(3)]
+    assert held == ids[:3]
+    unknown = "00000000000000ff"
+    lines = [held[0], unknown, held[1], held[1], held[2]]
+    raw.sock.sendall(b"".join(f"FIN {i}\n".encode() for i in lines))
+    frames = [raw.frame() for _ in range(4)]
+    errors = [data for kind, data in frames if kind == 1]
+    assert [e.split()[0] for e in errors] == [b"E_FIN_FAILED", b"E_FIN_FAILED"]
+    assert unknown.encode() in errors[0] and held[1].encode() in errors[1]
+    # The FINs freed the consumer's RDY: the other two messages came, and nothing else.
+    assert sorted(data[10:26].decode() for kind, data in frames if kind == 2) == ids[3:]
+    channel = client.stats("t").topics[0].channels[0]
+    assert (channel.finish_count, channel.in_flight_count) == (3, 2)
+
+
 def test_req_delay_over_max_req_timeout_is_clamped_as_in_nsqd():
     with EmbeddedBroker(max_req_timeout="2s") as broker, Client(broker.address) as client:
         client.admin("channel", "create", "t", "ch")

@@ -124,6 +124,11 @@ def test_log_levels_are_accepted_in_any_case(level):
     assert Options(log_level=level).log_level == level
 
 
+def test_an_unknown_event_loop_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match="event-loop: expected asyncio, uvloop, auto, got 'fast'"):
+        Options(event_loop="fast")
+
+
 def test_an_unknown_log_level_is_refused_naming_it():
     with pytest.raises(ValueError, match="log-level: expected debug, info, warning or error, "
                                          "got 'loud'"):

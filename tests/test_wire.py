@@ -124,3 +124,34 @@ def test_frames_split_whole_and_leave_a_partial_one():
     data = wire.frame(0, b"OK") + wire.frame(1, b"E_INVALID x")
     assert wire.split_frames(data + data[:5]) == ([(0, b"OK"), (1, b"E_INVALID x")], len(data))
     assert wire.split_frames(b"\x00\x00") == ([], 0)
+
+
+def test_fin_lines_in_a_row_are_read_at_once_up_to_the_first_other_thing():
+    data = b"FIN 0123456789abcdef\nFIN 00000000000000ff\nRDY 10\nFIN 0123456789abcdef\n"
+    assert wire.read_fins(data, 0) == (["0123456789abcdef", "00000000000000ff"], 42)
+    assert wire.read_fins(data, 42) == ([], 42)
+    assert wire.read_fins(bytearray(data), 49) == (["0123456789abcdef"], len(data))
+
+
+@pytest.mark.parametrize("data", [
+    b"FIN 0123456789abcdef\r\n",   # a carriage return: read_line drops it
+    b"FIN 0123456789ABCDEF\n",     # not an id the broker makes: read_line reports it
+    b"FIN 0123456789abcde\n",      # too short
+    b"FIN 0123456789abcdef",       # not complete yet
+    b"FIN  0123456789abcdef\n",
+])
+def test_a_fin_in_any_other_form_is_left_to_read_line(data):
+    assert wire.read_fins(data, 0) == ([], 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(min_size=16, max_size=16), max_size=5), st.binary(max_size=30))
+def test_fins_read_at_once_are_what_read_line_reads_one_by_one(ids, rest):
+    data = b"".join(b"FIN " + i + b"\n" for i in ids) + rest
+    fins, pos = wire.read_fins(data, 0)
+    one_by_one, at = [], 0
+    while at < pos:
+        params, at = wire.read_line(data, at)
+        assert params[0] == b"FIN"
+        one_by_one.append(wire.message_id(params[1]))
+    assert (fins, at) == (one_by_one, pos)

@@ -15,10 +15,16 @@ answers ``E_AUTH_DISABLED``. Errors are nsqd's, checked in nsqd's order; fatal o
 client closes its side mid-command, it gets the error nsqd gives for the
 truncation.
 
-Backpressure: output is written once per event-loop pass. A consumer whose
-unsent output passes its ``output_buffer_size`` (or whose socket stops taking
-data) gets nothing more until it drains; one stuck that way longer than its
-message timeout is disconnected, and what it held goes back to the channel.
+Output is written once per event-loop pass, or at once when it fills the
+client's ``output_buffer_size`` (as nsqd's buffered writer does). Backpressure:
+a consumer whose socket stops taking data (its unsent output passes
+``output_buffer_size``) gets nothing more until it drains; one stuck that way
+longer than its message timeout is disconnected, and what it held goes back to
+the channel.
+
+FIN lines that follow one another in what the socket delivered are read at once
+and finished as one batch (``Channel.finish_many``): the channel refills the
+consumer once for them, not once per FIN.
 """
 
 from __future__ import annotations
@@ -160,18 +166,32 @@ class V2Connection(asyncio.Protocol):
 
     def _flush(self) -> None:
         self.flush_scheduled = False
-        data = b"".join(self.out)
-        self.out.clear()
-        self.out_bytes = 0
-        if data and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
+        self._write_out()
         if self.consumer is not None and not self.write_paused:
             self.consumer.unblock()
 
+    def _write_out(self) -> None:
+        """Hand what is queued to the transport (which calls ``pause_writing`` if
+        the socket does not take it)."""
+        out = self.out
+        if not out:
+            return
+        data = b"".join(out)
+        out.clear()
+        self.out_bytes = 0
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
     def _on_message(self, msg: Message) -> None:
-        self.send(wire.message_frame(msg.id, msg.body, msg.timestamp, msg.attempts))
-        if self.out_bytes >= self.output_buffer_size and self.consumer is not None:
-            self.consumer.block()   # until this pass's output is handed to the socket
+        # The frame's parts go out as they are: joined once per write, not per message.
+        parts = wire.message_frame_parts(msg.id, msg.body, msg.timestamp, msg.attempts)
+        self.out.extend(parts)
+        self.out_bytes += len(msg.body) + wire.MESSAGE_OVERHEAD
+        if self.out_bytes >= self.output_buffer_size:
+            self._write_out()
+        elif not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self._flush)
 
     def _set_buffer_limits(self) -> None:
         if self.transport is not None:
@@ -239,6 +259,12 @@ class V2Connection(asyncio.Protocol):
         pos = 0
         try:
             while not self.closing:
+                if self._fins_allowed():
+                    ids, end = wire.read_fins(buf, pos)
+                    if ids:
+                        pos = end
+                        self._fin_many(ids)
+                        continue
                 params, line_end = wire.read_line(buf, pos)
                 try:
                     pos = self._command(params, line_end)
@@ -399,6 +425,19 @@ class V2Connection(asyncio.Protocol):
         consumer, msg_id = self._held("FIN", params, 2)
         consumer.channel.finish(consumer, msg_id)
         return pos
+
+    def _fins_allowed(self) -> bool:
+        """Whether a FIN now passes every check but whether the message is held (a
+        subscribed connection has passed the TLS policy already)."""
+        consumer = self.consumer
+        return consumer is not None and consumer.channel is not None
+
+    def _fin_many(self, ids: list[str]) -> None:
+        """FIN lines read at once (see ``wire.read_fins``): each failure gets its
+        error, in order, as the same FINs read one by one would."""
+        consumer = self.consumer
+        for err in consumer.channel.finish_many(consumer, ids):
+            self._error(err)
 
     def _req(self, params: list[bytes], pos: int) -> int:
         consumer, msg_id = self._held("REQ", params, 3)

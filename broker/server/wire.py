@@ -14,6 +14,7 @@ nsqd's code (``E_BAD_BODY``, ``E_BAD_MESSAGE``, ...).
 
 from __future__ import annotations
 
+import re
 import struct
 
 from ..errors import BodyTooBig, BrokerError, InvalidBody, InvalidMessage, MessageTooBig
@@ -24,8 +25,13 @@ FRAME_HEAD = struct.Struct(">ii")
 MESSAGE_HEAD = struct.Struct(">iiqH")   # size, type, timestamp, attempts
 SIZE = struct.Struct(">i")
 MSG_ID_LENGTH = 16
+#: What a MSG frame adds to its body: size, type, timestamp, attempts and id.
+MESSAGE_OVERHEAD = MESSAGE_HEAD.size + MSG_ID_LENGTH
 #: nsqd reads a command line through a 16 KiB buffer; a longer line ends the connection.
 MAX_LINE = 16 * 1024
+# FIN lines in the form clients send them, one after another (read in one match).
+_FINS = re.compile(rb"(?:FIN [0-9a-f]{16}\n)+")
+_FIN_LINE = len(b"FIN 0123456789abcdef\n")
 
 
 class Incomplete(Exception):
@@ -45,8 +51,14 @@ def frame(kind: int, data: bytes) -> bytes:
 
 
 def message_frame(msg_id: str, body: bytes, timestamp: int, attempts: int) -> bytes:
-    return MESSAGE_HEAD.pack(len(body) + 30, FRAME_MESSAGE, timestamp, attempts) + \
-        msg_id.encode() + body
+    return b"".join(message_frame_parts(msg_id, body, timestamp, attempts))
+
+
+def message_frame_parts(msg_id: str, body: bytes, timestamp: int,
+                        attempts: int) -> tuple[bytes, bytes, bytes]:
+    """A MSG frame as (head, id, body), ``MESSAGE_OVERHEAD`` bytes more than the body."""
+    return (MESSAGE_HEAD.pack(len(body) + 30, FRAME_MESSAGE, timestamp, attempts),
+            msg_id.encode(), body)
 
 
 def error_frame(err: BrokerError) -> bytes:
@@ -80,6 +92,20 @@ def read_line(buf: bytes | bytearray, pos: int) -> tuple[list[bytes], int]:
     if line.endswith(b"\r"):
         line = line[:-1]
     return line.split(b" "), end + 1
+
+
+def read_fins(buf: bytes | bytearray, pos: int) -> tuple[list[str], int]:
+    """The ids of the FIN lines at ``pos`` in their usual form (``FIN <16 hex>\\n``,
+    as many as follow one another) and where the next thing starts. None (and
+    ``pos``) when something else comes first: ``read_line`` reads that, a FIN in
+    another form included. A consumer FINs every message, so this is the one
+    command read without splitting a line."""
+    match = _FINS.match(buf, pos)
+    if match is None:
+        return [], pos
+    end = match.end()
+    text = buf[pos:end].decode("ascii")
+    return [text[i:i + MSG_ID_LENGTH] for i in range(4, end - pos, _FIN_LINE)], end
 
 
 def read_size(buf: bytes | bytearray, pos: int, missing: BrokerError) -> tuple[int, int]:
@@ -127,15 +153,21 @@ def read_mpub(buf: bytes | bytearray, pos: int, *, max_msg_size: int,
     if count <= 0 or count > max_messages:
         raise InvalidBody(f"MPUB invalid message count {count}")
     bodies = []
+    append, unpack, end = bodies.append, SIZE.unpack_from, len(buf)
+    # Errors are built only when met: this loop runs once per published message.
     for i in range(count):
-        size, pos = read_size(buf, pos,
-                              InvalidMessage(f"MPUB failed to read message({i}) body size"))
+        if end < pos + 4:
+            raise Incomplete(InvalidMessage(f"MPUB failed to read message({i}) body size"))
+        size = unpack(buf, pos)[0]
+        pos += 4
         if size <= 0:
             raise InvalidMessage(f"MPUB invalid message({i}) body size {size}")
         if size > max_msg_size:
             raise MessageTooBig(f"MPUB message too big {size} > {max_msg_size}")
-        body, pos = read_bytes(buf, pos, size, InvalidMessage("MPUB failed to read message body"))
-        bodies.append(body)
+        if end < pos + size:
+            raise Incomplete(InvalidMessage("MPUB failed to read message body"))
+        append(bytes(buf[pos:pos + size]))
+        pos += size
     return bodies, pos
 
 
