@@ -19,10 +19,12 @@ from pathlib import Path
 
 from . import durability, grpc_throughput, nsq_bench, scaling, tcp_throughput, tls_throughput
 
-FULL = {"grpc": 200_000, "tcp": 400_000, "spark": 1_000_000, "durable": 200_000,
+FULL = {"grpc": 200_000, "tcp": 400_000, "spark": 1_000_000, "writers": 1_000_000,
+        "durable": 200_000,
         "queued": 1_000_000, "latency": 3000, "nsq_runfor": "10s", "scaling": 50_000,
         "tls": 200_000}
-QUICK = {"grpc": 20_000, "tcp": 40_000, "spark": 50_000, "durable": 20_000,
+QUICK = {"grpc": 20_000, "tcp": 40_000, "spark": 50_000, "writers": 20_000,
+         "durable": 20_000,
          "queued": 50_000, "latency": 500, "nsq_runfor": "2s", "scaling": 5_000,
          "tls": 20_000}
 
@@ -37,7 +39,7 @@ def spark_rows(sizes: dict) -> list[dict]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from . import spark_source
+    from . import spark_source, writers
 
     spark = (SparkSession.builder.master("local[2]").appName("pynsq-bench")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
@@ -46,6 +48,7 @@ def spark_rows(sizes: dict) -> list[dict]:
     try:
         r = spark_source.run(spark, sizes["spark"], 2)
         rate = spark_source.rate_micro_batch(spark, sizes["spark"])
+        w = writers.run(spark, sizes["writers"], 2)
     finally:
         spark.stop()
     return [
@@ -53,6 +56,10 @@ def spark_rows(sizes: dict) -> list[dict]:
             r["memory_rows_per_s"], "ratio >= 0.8 (÷ in-memory Python source)"),
         row("Spark rate-micro-batch -> noop (reference)", rate, "rows/s",
             r["memory_rows_per_s"], "reference"),
+        row("Spark pub_to_topic (foreachBatch) (÷ noop)", w["pub_to_topic_rows_per_s"], "rows/s",
+            w["noop_rows_per_s"], "÷ Spark's noop sink, same cached DataFrame"),
+        row("Spark format(\"pynsq\") sink (÷ noop)", w["native_sink_rows_per_s"], "rows/s",
+            w["noop_rows_per_s"], "÷ Spark's noop sink, same cached DataFrame"),
     ]
 
 

@@ -37,16 +37,8 @@ def timed(fn) -> float:
     return time.perf_counter() - started
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--partitions", type=int, default=2)
-    args = parser.parse_args()
-    spark = (SparkSession.builder.master("local[2]").appName("pynsq-bench-writers")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    df = (spark.range(args.rows, numPartitions=args.partitions)
+def run(spark, rows: int, partitions: int) -> dict:
+    df = (spark.range(rows, numPartitions=partitions)
           .select(F.lpad(F.col("id").cast("string"), 100, "x").alias("body")).cache())
     df.count()
     proc, address = start_pynsqd()
@@ -62,12 +54,25 @@ def main() -> None:
     finally:
         client.close()
         stop(proc)
-    rate = lambda s: round(args.rows / s)  # noqa: E731
-    print(json.dumps({"rows": args.rows, "noop_rows_per_s": rate(noop_s),
-                      "pub_to_topic_rows_per_s": rate(fb_s),
-                      "native_sink_rows_per_s": rate(sink_s), "sink_depth": depth,
-                      "pub_to_topic_vs_noop": round(noop_s / fb_s, 3),
-                      "native_sink_vs_noop": round(noop_s / sink_s, 3)}, indent=2))
+        df.unpersist()
+    rate = lambda s: round(rows / s)  # noqa: E731
+    return {"rows": rows, "noop_rows_per_s": rate(noop_s),
+            "pub_to_topic_rows_per_s": rate(fb_s),
+            "native_sink_rows_per_s": rate(sink_s), "sink_depth": depth,
+            "pub_to_topic_vs_noop": round(noop_s / fb_s, 3),
+            "native_sink_vs_noop": round(noop_s / sink_s, 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=2)
+    args = parser.parse_args()
+    spark = (SparkSession.builder.master("local[2]").appName("pynsq-bench-writers")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    print(json.dumps(run(spark, args.rows, args.partitions), indent=2))
     spark.stop()
 
 

@@ -1,6 +1,6 @@
 """Messages as packed columns (Arrow's little-endian layout), for lease fetches.
 
-``encode`` runs in the broker; ``decode`` turns a frame back into rows for
+``frames`` runs in the broker; ``decode`` turns a frame back into rows for
 clients without Arrow. The Spark reader builds Arrow arrays from the buffers
 directly (``spark_connector.fetch``).
 """
@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import sys
 from array import array
+from bisect import bisect_right
 from itertools import accumulate
-from typing import NamedTuple
+from operator import attrgetter
+from typing import Iterator, NamedTuple
 
 from .api import broker_pb2 as pb
 from .message import Message
 
 _LITTLE = sys.byteorder == "little"
+_ID, _BODY = attrgetter("id"), attrgetter("body")
+_TIMESTAMP, _ATTEMPTS = attrgetter("timestamp"), attrgetter("attempts")
 
 
 def _packed(typecode: str, values) -> bytes:
@@ -32,15 +36,37 @@ def _unpacked(typecode: str, data: bytes) -> array:
     return a
 
 
+def body_bytes(msgs: list[Message]) -> int:
+    return sum(map(len, map(_BODY, msgs)))
+
+
 def encode(msgs: list[Message]) -> pb.MessageColumns:
-    bodies = [m.body for m in msgs]
+    """One frame of ``msgs``, whatever their number and size."""
+    return _frame(msgs, list(accumulate(map(len, map(_BODY, msgs)), initial=0)))
+
+
+def frames(msgs: list[Message], max_messages: int, max_bytes: int) -> Iterator[pb.MessageColumns]:
+    """``msgs`` in order, as frames of at most ``max_messages`` messages and
+    ``max_bytes`` of bodies (a larger body goes alone in its frame)."""
+    ends = list(accumulate(map(len, map(_BODY, msgs)), initial=0))  # ends[i]: bytes before i
+    n, start = len(msgs), 0
+    while start < n:
+        stop = min(n, start + max_messages,
+                   max(start + 1, bisect_right(ends, ends[start] + max_bytes, start) - 1))
+        base = ends[start]
+        yield _frame(msgs[start:stop],
+                     ends[start:stop + 1] if base == 0 else [e - base for e in ends[start:stop + 1]])
+        start = stop
+
+
+def _frame(msgs: list[Message], offsets: list[int]) -> pb.MessageColumns:
     return pb.MessageColumns(
         count=len(msgs),
-        ids="".join(m.id for m in msgs).encode(),
-        bodies=b"".join(bodies),
-        body_offsets=_packed("i", accumulate((len(b) for b in bodies), initial=0)),
-        timestamps=_packed("q", [m.timestamp for m in msgs]),
-        attempts=_packed("i", [m.attempts for m in msgs]))
+        ids="".join(map(_ID, msgs)).encode(),
+        bodies=b"".join(map(_BODY, msgs)),
+        body_offsets=_packed("i", offsets),
+        timestamps=_packed("q", map(_TIMESTAMP, msgs)),
+        attempts=_packed("i", map(_ATTEMPTS, msgs)))
 
 
 class Row(NamedTuple):

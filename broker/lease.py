@@ -43,6 +43,10 @@ class Lease(Consumer):
     def slice(self, partition: int, num_partitions: int) -> list[Message]:
         """This lease's messages for one partition, still held; fixed at reserve time."""
         held = self.in_flight
+        if len(held) == len(self.order):
+            # A lease never gains messages after it is made, and holds only messages of
+            # ``order``: when none has left, every one is still held.
+            return self.order[partition::num_partitions]
         return [m for m in self.order[partition::num_partitions] if held.get(m.id) is m]
 
     def remembered(self) -> "RememberedLease":

@@ -19,7 +19,7 @@ log = logging.getLogger("pynsq.spark")
 
 ARROW_SCHEMA = to_arrow_schema(SCHEMA, timezone="UTC")
 # Ids are 16 characters each: their Arrow offsets are 0, 16, 32, ... (int32, little-endian).
-MAX_ID_ROWS = 4096
+MAX_ID_ROWS = 1 << 16  # a lease frame holds fewer
 ID_OFFSETS = pa.array(range(0, 16 * (MAX_ID_ROWS + 1), 16), pa.int32()).buffers()[1].to_pybytes()
 
 
