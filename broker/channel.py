@@ -145,9 +145,11 @@ class Channel:
         consumer.rdy = count
         self._pump()
 
-    def take(self, holder: Consumer, limit: int, max_bytes: int = 0) -> list[Message]:
+    def take(self, holder: Consumer, limit: int, max_bytes: int = 0,
+             at_least_one: bool = True) -> list[Message]:
         """Move up to ``limit`` ready messages in flight to ``holder`` at once; with
-        ``max_bytes`` > 0, stop before their bodies pass it (taking one at least).
+        ``max_bytes`` > 0, stop before their bodies pass it (taking one at least,
+        unless ``at_least_one`` is False: a later step of a lease being filled).
 
         For holders outside the round-robin (leases): it ignores RDY and does not
         pump, and returns what it took, in order.
@@ -161,7 +163,7 @@ class Channel:
             msg = self._next_ready(wait=False)
             if msg is None:
                 break
-            if max_bytes and taken and size + len(msg.body) > max_bytes:
+            if max_bytes and (taken or not at_least_one) and size + len(msg.body) > max_bytes:
                 ready.push_front([msg])
                 break
             taken.append(msg)

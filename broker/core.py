@@ -21,7 +21,7 @@ from .consumer import Consumer
 from .dedupe import Deduplicator, content_digest
 from .errors import (InvalidMessage, InvalidRequest, LeaseNotFound, MessageTooBig,
                      TopicNotFound, WrongBroker)
-from .lease import Lease, LeaseSession, RememberedLease
+from .lease import RESERVE_STEP_BYTES, Lease, LeaseSession, RememberedLease, Reservation
 from .message import IdFactory, Message
 from .names import check_channel_name, check_topic_name
 from .options import Options
@@ -219,10 +219,23 @@ class Broker:
     def reserve(self, session_id: str, topic: str, channel: str, max_messages: int,
                 msg_timeout_ms: int = 0, max_bytes: int = 0) -> tuple[Lease | None, int]:
         """Take up to ``max_messages`` ready messages (and, if ``max_bytes`` > 0, no more
-        body bytes than that, but at least one message) into a new lease.
+        body bytes than that, but at least one message) into a new lease, in one go.
 
-        Returns (lease or None when nothing was ready, depth left behind).
+        Returns (lease or None when nothing was ready, depth left behind). A server
+        reserves with ``begin_reserve`` and ``reserve_step`` instead, yielding between steps.
         """
+        reservation = self.begin_reserve(session_id, topic, channel, max_messages,
+                                         msg_timeout_ms, max_bytes)
+        while self.reserve_step(reservation):
+            pass
+        return self.reserve_result(reservation)
+
+    def begin_reserve(self, session_id: str, topic: str, channel: str, max_messages: int,
+                      msg_timeout_ms: int = 0, max_bytes: int = 0) -> Reservation:
+        """Check a reserve and take its first step (see ``reserve``); ``reserve_step``
+        takes the next ones, each bounded, and ``reserve_result`` gives what it made.
+        Between steps the loop serves others: the lease is registered with its session
+        from the first step on, so a session that ends meanwhile requeues it."""
         session = self._sessions.get(session_id)
         if session is None:
             raise LeaseNotFound(f"lease session {session_id!r} does not exist (it ended)")
@@ -235,12 +248,34 @@ class Broker:
         ch = self.get_or_create_topic(topic).get_or_create_channel(channel)
         lease = Lease(session, msg_timeout=self.msg_timeout(msg_timeout_ms))
         lease.channel = ch
-        lease.order = ch.take(lease, max_messages, max_bytes)
+        reservation = Reservation(lease, ch, max_messages, max_bytes,
+                                  max(RESERVE_STEP_BYTES, self.options.max_msg_size))
+        if reservation.step():
+            session.leases[lease.lease_id] = lease
+            self._leases[lease.lease_id] = lease
+        return reservation
+
+    def reserve_step(self, reservation: Reservation) -> bool:
+        """Take the next step of ``reservation``; False once it is over (full, nothing
+        more ready, or its lease ended meanwhile: session closed, channel deleted)."""
+        if reservation.done:
+            return False
+        lease = reservation.lease
+        if self._leases.get(lease.lease_id) is not lease or reservation.channel.deleted:
+            reservation.done = True
+            return False
+        reservation.step()
+        return not reservation.done
+
+    def reserve_result(self, reservation: Reservation) -> tuple[Lease | None, int]:
+        """(the lease, or None when nothing was ready; the depth left behind)."""
+        lease = reservation.lease
         if not lease.order:
-            return None, ch.depth
-        session.leases[lease.lease_id] = lease
-        self._leases[lease.lease_id] = lease
-        return lease, ch.depth
+            return None, reservation.channel.depth
+        if self._leases.get(lease.lease_id) is not lease:
+            raise LeaseNotFound(f"lease session {lease.session.session_id!r} ended while its "
+                                f"reserve was in progress: the messages taken are requeued")
+        return lease, reservation.channel.depth
 
     def adopt_leases(self, session_id: str, lease_ids: Iterable[str]) -> tuple[int, list[str]]:
         """Make ``session_id`` the holder of leases planned by an earlier session.

@@ -74,5 +74,45 @@ class LeaseSession:
         self.stream = 0  # counts the streams attached: only the latest detaches it
 
 
+# A reserve fills its lease in steps of at most this many messages and body bytes (or
+# one message of up to max-msg-size), yielding the event loop between steps: a large
+# reserve, read back from disk, never holds the loop for long.
+RESERVE_STEP_MESSAGES = 1000
+RESERVE_STEP_BYTES = 1 << 20
+
+
+class Reservation:
+    """A reserve in progress: ``lease`` fills from ``channel`` step by step (the
+    broker's ``reserve_step``) until it holds ``max_messages`` messages, or
+    ``max_bytes`` of bodies (if > 0), or the channel has nothing more ready."""
+
+    def __init__(self, lease: Lease, channel: "Channel", max_messages: int, max_bytes: int,
+                 step_bytes: int = RESERVE_STEP_BYTES) -> None:
+        self.lease = lease
+        self.channel = channel
+        self.messages_left = max_messages
+        self.max_bytes = max_bytes
+        self.bytes_left = max_bytes
+        self.step_bytes = max(1, step_bytes)
+        self.bytes = 0          # body bytes taken so far
+        self.done = False
+
+    def step(self) -> int:
+        """Take the next bounded part; returns how many messages it took. The first step
+        takes one message at least, whatever its size; a later step takes only what fits."""
+        first = not self.lease.order
+        limit = min(self.messages_left, RESERVE_STEP_MESSAGES)
+        cap = min(self.step_bytes, self.bytes_left) if self.max_bytes else self.step_bytes
+        took = self.channel.take(self.lease, limit, cap, at_least_one=first)
+        size = sum(len(m.body) for m in took)
+        self.lease.order.extend(took)
+        self.messages_left -= len(took)
+        self.bytes += size
+        self.bytes_left -= size
+        if not took or self.messages_left <= 0 or (self.max_bytes and self.bytes_left <= 0):
+            self.done = True
+        return len(took)
+
+
 def _ignore(msg: Message) -> None:
     pass

@@ -81,6 +81,9 @@ def _bool(given: dict[str, str], name: str, default: bool) -> bool:
 # neither loads it all into memory nor outlives its timeouts.
 DEFAULT_MAX_MESSAGES_PER_TRIGGER = 100_000
 DEFAULT_MAX_BYTES_PER_TRIGGER = 64 << 20
+# How long a broker that answered before may stay silent (a restart, a blip) before it
+# counts as unreachable: calls meanwhile wait for it to come back.
+DEFAULT_RECONNECT_TIMEOUT_MS = 30_000
 
 
 @dataclass(frozen=True)
@@ -99,10 +102,11 @@ class ReaderOptions:
     max_attempts: int | None = None     # the channel's; None: leave it as the broker has it
     lookupd_addresses: tuple[str, ...] = ()  # nsqlookupd HTTP host:port; then addresses is []
     lookupd_poll_interval_ms: int = 5000     # how often the fleet is asked again, at most
+    reconnect_timeout_ms: int = DEFAULT_RECONNECT_TIMEOUT_MS  # a broker silent longer: unreachable
 
     NAMES = ("address", "lookupdHttpAddress", "lookupdPollIntervalMs", "topic", "channel", "maxMessagesPerTrigger", "maxBytesPerTrigger",
              "msgTimeoutMs", "numPartitions", "timeoutMs", "clientId", "failOnDataLoss",
-             "maxAttempts", *SPARK_OPTIONS)
+             "maxAttempts", "reconnectTimeoutMs", *SPARK_OPTIONS)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "ReaderOptions":
@@ -124,6 +128,8 @@ class ReaderOptions:
             timeout_ms=_int(given, "timeoutMs", 10_000, minimum=100),
             client_id=given.get("clientid", ""),
             fail_on_data_loss=_bool(given, "failOnDataLoss", True),
+            reconnect_timeout_ms=_int(given, "reconnectTimeoutMs", DEFAULT_RECONNECT_TIMEOUT_MS,
+                                      minimum=0),
             security=security_options(given),
             max_attempts=(_int(given, "maxAttempts", 0, minimum=0)
                           if given.get("maxattempts") is not None else None),

@@ -10,15 +10,19 @@ of ``msgTimeoutMs``; the keeper reconnects and resumes it, or, if the grace
 period passed, opens a new session and adopts its batches' leases again.
 
 Brokers fail apart: one that does not answer stops neither the reads nor the
-TOUCHes of the others. With ``failOnDataLoss`` (the default) it fails the
-query, naming its address; without, the query goes on with the others and
-tries it again on each trigger.
+TOUCHes of the others. A broker that answered before and stops answering (it
+restarts, the network blips) is waited for: a call to it is retried, as the
+client reconnects, until ``reconnectTimeoutMs`` has passed since its first
+unanswered call. Only then is it unreachable: with ``failOnDataLoss`` (the
+default) that fails the query, naming its address; without, the query goes on
+with the others and tries it again, without waiting, on each trigger.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Callable, Iterable
 
 from broker.client import BrokerUnavailable, Client, ClientError, LeaseSession
@@ -37,12 +41,18 @@ class BrokerUnreachable(ConnectionError):
 class _BrokerSession:
     """A client of one broker and the lease session held open on it."""
 
-    def __init__(self, address: str, options: ReaderOptions) -> None:
+    def __init__(self, address: str, options: ReaderOptions,
+                 closed: threading.Event | None = None) -> None:
         self.address = address
         self.options = options
         self.client = Client(address, timeout=options.timeout_ms / 1000,
                              **options.security.client_kwargs())
         self.session: LeaseSession | None = None
+        # The driver's thread and the touch thread may both (re)open the session.
+        self._lock = threading.RLock()
+        self._closed = closed or threading.Event()
+        # Monotonic time of the first unanswered call since the broker last answered.
+        self.silent_since: float | None = None
         try:
             self.client.ping(timeout=options.timeout_ms / 1000)
             self.open()
@@ -57,21 +67,76 @@ class _BrokerSession:
     def open(self) -> bool:
         """Open the session, resuming the previous one if the broker still keeps it.
         Returns whether the leases held before are still held by this session."""
-        previous = self.session.session_id if self.session is not None else ""
-        name = self.options.client_id or f"spark:{self.options.topic}/{self.options.channel}"
-        self.session = self.client.open_lease_session(
-            name, session_id=previous, grace_ms=self.options.msg_timeout_ms)
-        if previous and not self.session.resumed:
-            log.warning("pynsq: lease session on %s had ended; opened a new one", self.address)
-        return self.session.resumed
+        with self._lock:
+            previous = self.session.session_id if self.session is not None else ""
+            name = self.options.client_id or f"spark:{self.options.topic}/{self.options.channel}"
+            session = self.client.open_lease_session(
+                name, session_id=previous, grace_ms=self.options.msg_timeout_ms)
+            if self.session is not None:
+                self.session.close()  # a stream replaced (or already ended) is let go
+            self.session = session
+            if previous and not session.resumed:
+                log.warning("pynsq: lease session on %s had ended (the broker restarted, or "
+                            "its grace period passed); opened a new one", self.address)
+            return session.resumed
 
     def reconnect(self, held: list[str]) -> None:
         """If the session's stream dropped: resume it, or open anew and adopt ``held``."""
-        if self.session is not None and self.session.alive:
-            return
-        log.warning("pynsq: lease session stream to %s dropped; reconnecting", self.address)
-        if not self.open() and held:
-            self.adopt(held)
+        with self._lock:
+            if self.session is not None and self.session.alive:
+                return
+            log.warning("pynsq: lease session stream to %s dropped; reconnecting", self.address)
+            if not self.open() and held:
+                self.adopt(held)
+
+    # -- a broker that stops answering ------------------------------------------
+    def answered(self) -> None:
+        self.silent_since = None
+
+    def unanswered(self) -> float:
+        """Count a call the broker did not answer; returns seconds silent so far."""
+        now = time.monotonic()
+        if self.silent_since is None:
+            self.silent_since = now
+        return now - self.silent_since
+
+    def call(self, action: Callable[["_BrokerSession"], object]) -> object:
+        """``action(self)``, waited for while the broker is silent for less than
+        ``reconnectTimeoutMs``: each time it does not answer, wait until it answers a
+        ping again (the client reconnects on its own, within a second) and retry.
+        Raises ``BrokerUnavailable`` once the broker has been silent that long (a call
+        is always tried twice, so a single cut connection is not counted as silence)."""
+        window = self.options.reconnect_timeout_ms / 1000
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                result = action(self)
+            except BrokerUnavailable as err:
+                silent = self.unanswered()
+                if tries >= 2 and silent >= window:
+                    raise
+                log.warning("pynsq: %s did not answer (%s); silent for %.1f s, waiting up to "
+                            "reconnectTimeoutMs (%d ms)", self.address, err, silent,
+                            self.options.reconnect_timeout_ms)
+                self._wait_until_it_answers(self.silent_since + window)
+                continue
+            self.answered()
+            return result
+
+    def _wait_until_it_answers(self, deadline: float) -> bool:
+        timeout = self.options.timeout_ms / 1000
+        while not self._closed.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                self.client.ping(timeout=min(left, timeout))
+                return True
+            except BrokerUnavailable:
+                # A channel backing off fails calls at once: look again shortly.
+                self._closed.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+        return False
 
     def reserve(self, max_messages: int, max_bytes: int) -> tuple[str, int, int]:
         def call():
@@ -100,12 +165,14 @@ class _BrokerSession:
         self.client.close()
 
 
-def unreachable(address: str, err: Exception,
-                options: ReaderOptions | None = None) -> BrokerUnreachable:
+def unreachable(address: str, err: Exception, options: ReaderOptions | None = None,
+                silent: bool = False) -> BrokerUnreachable:
     where = ("listed by nsqlookupd, option lookupdHttpAddress"
              if options is not None and options.lookupd_addresses else "option address")
+    how_long = (f", silent for longer than reconnectTimeoutMs ({options.reconnect_timeout_ms}"
+                f" ms)" if silent and options is not None else "")
     return BrokerUnreachable(f"pynsq source: cannot reach the broker at {address} "
-                             f"({where}): {err}")
+                             f"({where}){how_long}: {err}")
 
 
 class LeaseKeeper:
@@ -145,7 +212,7 @@ class LeaseKeeper:
             if address in self._sessions:
                 continue
             try:
-                session = _BrokerSession(address, self.options)
+                session = _BrokerSession(address, self.options, self._closed)
             except BrokerUnreachable as err:
                 if self.options.fail_on_data_loss:
                     raise
@@ -173,17 +240,14 @@ class LeaseKeeper:
             if session is None:
                 continue
             try:
-                try:
-                    results[address] = action(session)
-                except BrokerUnavailable as err:
-                    # A blip (a cut connection, a GOAWAY) fails the call in flight: try once
-                    # more on a new connection. A retried Reserve whose first reply was lost
-                    # leaves an untouched lease that times out back into the channel.
-                    log.warning("pynsq: %s on %s failed (%s); retrying once", what, address, err)
-                    results[address] = action(session)
+                # A blip (a cut connection, a GOAWAY, a restart) fails the call in flight: it
+                # is retried as the client reconnects, for up to reconnectTimeoutMs. A retried
+                # Reserve whose first reply was lost leaves an untouched lease that times out
+                # back into the channel.
+                results[address] = session.call(action)
             except BrokerUnavailable as err:
                 if self.options.fail_on_data_loss and may_fail_query:
-                    raise unreachable(address, err, self.options) from None
+                    raise unreachable(address, err, self.options, silent=True) from None
                 log.warning("pynsq: %s on %s failed: %s", what, address, err)
         return results
 
@@ -334,7 +398,11 @@ class LeaseKeeper:
                     session.reconnect(held)
                     if held:
                         session.client.touch_leases(held)
-                except ClientError as err:  # this broker only; the others go on
+                    session.answered()
+                except BrokerUnavailable as err:  # this broker only; the others go on
+                    session.unanswered()
+                    log.warning("pynsq: touching leases on %s failed: %s", address, err)
+                except ClientError as err:
                     log.warning("pynsq: touching leases on %s failed: %s", address, err)
 
     def close(self) -> None:

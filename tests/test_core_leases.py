@@ -7,6 +7,7 @@ import pytest
 
 from broker import InvalidRequest, LeaseNotFound
 from broker.errors import WrongBroker
+from broker.lease import RESERVE_STEP_MESSAGES
 
 from .corekit import advance, new_broker, subscribe
 
@@ -179,6 +180,47 @@ def test_reserve_stops_at_max_bytes_but_takes_one_message_at_least():
     assert (len(lease.order), depth) == (3, 7)
     lease, _ = broker.reserve(session.session_id, "events", "spark", 10, max_bytes=10)
     assert len(lease.order) == 1
+
+
+def test_a_reserve_fills_its_lease_in_bounded_steps_in_publish_order():
+    broker, _ = new_broker()
+    session = broker.open_lease_session()
+    broker.create_channel("events", "spark")
+    ids = broker.multi_publish("events", [b"m%d" % i for i in range(2500)])
+    reservation = broker.begin_reserve(session.session_id, "events", "spark", 2500)
+    sizes = [len(reservation.lease.order)]
+    while broker.reserve_step(reservation):
+        sizes.append(len(reservation.lease.order))
+    assert sizes == [RESERVE_STEP_MESSAGES, 2 * RESERVE_STEP_MESSAGES]  # the last step ends it
+    lease, depth = broker.reserve_result(reservation)
+    assert ([m.id for m in lease.order], depth) == (ids, 0)
+    assert broker.channel("events", "spark").in_flight_count == 2500
+
+
+def test_later_steps_of_a_reserve_keep_within_max_bytes():
+    broker, _ = new_broker()
+    session = broker.open_lease_session()
+    broker.create_channel("events", "spark")
+    broker.multi_publish("events", [b"x" * 1000] * 3000)
+    # 2,500,500 bytes: steps of 1 MiB; the 2501st message would pass the cap.
+    lease, depth = broker.reserve(session.session_id, "events", "spark", 3000,
+                                  max_bytes=2_500_500)
+    assert (len(lease.order), depth) == (2500, 500)
+
+
+def test_a_session_ended_while_its_reserve_runs_gets_every_message_back():
+    broker, _ = new_broker()
+    session = broker.open_lease_session()
+    broker.create_channel("events", "spark")
+    broker.multi_publish("events", [b"m%d" % i for i in range(2500)])
+    reservation = broker.begin_reserve(session.session_id, "events", "spark", 2500)
+    assert len(reservation.lease.order) == RESERVE_STEP_MESSAGES
+    broker.close_lease_session(session.session_id)  # served between two steps
+    assert not broker.reserve_step(reservation)
+    with pytest.raises(LeaseNotFound, match="ended while its reserve was in progress"):
+        broker.reserve_result(reservation)
+    ch = broker.channel("events", "spark")
+    assert (ch.depth, ch.in_flight_count) == (2500, 0)
 
 
 def test_ending_the_session_requeues_its_leases_at_once():

@@ -171,3 +171,47 @@ def test_fetch_of_an_unknown_lease_is_not_found(client):
     with pytest.raises(LeaseNotFound, match="lease '0123abcd' does not exist") as err:
         fetch(client, "0123abcd")
     assert err.value.status == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_large_reserve_from_disk_lets_the_broker_answer_pings_while_it_runs(tmp_path):
+    """The loop is served between a reserve's steps: a /ping issued while a reserve of
+    100k messages waiting on disk runs is answered before it ends. Proof without timing:
+    Stats answered before and after the ping both show the lease partly filled."""
+    import threading
+    import urllib.request
+
+    from broker import Client, EmbeddedBroker
+
+    n = 100_000
+    with EmbeddedBroker(data_path=str(tmp_path), mem_queue_size=1000) as broker, \
+            Client(broker.address, timeout=60) as client:
+        client.admin("channel", "create", "events", "spark")
+        for start in range(0, n, 5000):
+            client.multi_publish("events", [b"%d" % i for i in range(start, start + 5000)])
+        session = client.open_lease_session("planner")
+        outcome: dict = {}
+        thread = threading.Thread(target=lambda: outcome.update(lease=client.reserve(
+            session.session_id, "events", "spark", n, msg_timeout_ms=600_000)), daemon=True)
+
+        def in_flight() -> int:
+            return channel_stats(client, "events", "spark").in_flight_count
+
+        def ping() -> bytes:
+            with urllib.request.urlopen(f"http://{broker.http_address}/ping", timeout=60) as r:
+                return r.read()
+
+        answered_mid_reserve = []
+        thread.start()
+        while thread.is_alive():
+            before = in_flight()
+            if not 0 < before < n:
+                continue
+            answer = ping()
+            after = in_flight()
+            if before <= after < n:  # the reserve had begun, and not ended, around the ping
+                answered_mid_reserve.append((before, answer, after))
+        thread.join()
+        assert outcome["lease"].count == n
+        assert answered_mid_reserve, "no ping was answered while the reserve ran"
+        assert {answer for _, answer, _ in answered_mid_reserve} == {b"OK"}
+        session.close()

@@ -4,6 +4,8 @@ do not answer. Each counts message ids against what was published."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from broker import Client
@@ -118,6 +120,71 @@ def test_without_fail_on_data_loss_the_other_brokers_are_read(broker, client):
         leases = keeper.reserve(1, 100, 1 << 20, None)
         assert [lease["address"] for lease in leases.values()] == [broker.address]
         assert set(rows(a_slice(leases["0"]))) == published
+    finally:
+        keeper.close()
+
+
+def reserve_in_a_thread(keeper: LeaseKeeper) -> tuple[threading.Thread, dict]:
+    """keeper.reserve(batch 1, up to 100 messages) in a thread: its result or its error."""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["leases"] = keeper.reserve(1, 100, 1 << 20, None)
+        except Exception as err:  # noqa: BLE001 - the test asserts on it
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_broker_restarted_within_reconnect_timeout_is_waited_for_and_read(tmp_path):
+    from broker import EmbeddedBroker
+
+    data = str(tmp_path / "data")
+    first = EmbeddedBroker(data_path=data).start()
+    address = first.address
+    keeper = LeaseKeeper(keeper_options(address, reconnectTimeoutMs="120000"))
+    try:
+        keeper.ensure_channel()
+        with Client(address, timeout=10) as c:
+            published = publish(c, "events", 20)
+        first.stop()
+        # Reserve comes while the broker is down (default failOnDataLoss=true) ...
+        thread, outcome = reserve_in_a_thread(keeper)
+        wait_for(lambda: keeper._sessions[address].silent_since is not None or outcome, 30,
+                 message="the reserve to find the broker silent")
+        # ... and the broker comes back, a new instance with what it stored.
+        with EmbeddedBroker(data_path=data, grpc_address=address) as second:
+            thread.join(120)
+            assert "error" not in outcome, outcome.get("error")
+            lease = outcome["leases"]["0"]
+            assert lease["count"] == 20
+            assert lease["broker"] == second.broker.instance_id != ""
+            assert set(rows(a_slice(lease))) == published
+    finally:
+        keeper.close()
+
+
+@pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])
+def test_a_broker_silent_longer_than_reconnect_timeout_is_unreachable(fail_on_data_loss):
+    from broker import EmbeddedBroker
+
+    gone = EmbeddedBroker().start()
+    address = gone.address
+    keeper = LeaseKeeper(keeper_options(address, reconnectTimeoutMs="300",
+                                        failOnDataLoss=fail_on_data_loss))
+    try:
+        keeper.ensure_channel()
+        gone.stop()
+        if fail_on_data_loss == "true":
+            with pytest.raises(BrokerUnreachable, match=f"{address} \\(option address\\), "
+                               "silent for longer than reconnectTimeoutMs \\(300 ms\\)"):
+                keeper.reserve(1, 100, 1 << 20, None)
+        else:  # the query goes on without it, and its next call does not wait again
+            assert keeper.reserve(1, 100, 1 << 20, None) == {}
+            assert keeper.reserve(2, 100, 1 << 20, None) == {}
     finally:
         keeper.close()
 

@@ -234,11 +234,9 @@ def test_a_durable_broker_killed_mid_batch_duplicates_exactly_that_batch_and_los
                 published_batch_1.set()
                 assert restarted.wait(120)
 
-        # failOnDataLoss=false: a Reserve refused in the moment the restarted broker is not
-        # reachable yet is tried again at the next trigger instead of failing the query (a FIN
-        # that does not get through is kept for the next commit with either setting).
-        df = reader(spark, daemon.address, "a", maxMessagesPerTrigger=100, msgTimeoutMs=2000,
-                    failOnDataLoss="false").selectExpr("CAST(body AS STRING) AS body")
+        # failOnDataLoss as by default: a broker back within reconnectTimeoutMs fails nothing.
+        df = reader(spark, daemon.address, "a", maxMessagesPerTrigger=100, msgTimeoutMs=2000
+                    ).selectExpr("CAST(body AS STRING) AS body")
         query = (df.writeStream.foreachBatch(relay)
                  .option("checkpointLocation", str(tmp_path / "ck"))
                  .trigger(processingTime="100 milliseconds").start())

@@ -210,3 +210,102 @@ def test_calling_pub_to_topic_twice_outside_a_stream_publishes_twice(spark, brok
     publish_b(df, 0)
     publish_b(df, 0)
     assert drain(client, "b") == Counter({b"x": 2})
+
+
+def test_pub_to_topic_reads_bodies_from_its_body_column(spark, broker, client):
+    client.admin("channel", "create", "b", "check")
+    df = spark.createDataFrame([(f"p-{i}", "not this") for i in range(30)],
+                               "payload STRING, other STRING")
+    pub_to_topic(broker.address, "b", body_column="payload")(df, 0)
+    assert drain(client, "b") == Counter(f"p-{i}".encode() for i in range(30))
+
+
+def test_pub_to_topic_defers_each_row_by_its_defer_column(spark, broker, client):
+    client.admin("channel", "create", "d", "check")
+    df = spark.createDataFrame([("now", 0), ("later", 60_000), ("also later", 90_000)],
+                               "body STRING, wait_ms INT")
+    pub_to_topic(broker.address, "d", defer_column="wait_ms")(df, 0)
+    stats = channel_stats(client, "d", "check")
+    assert (stats.depth, stats.deferred_count) == (1, 2)
+    assert drain(client, "d") == Counter({b"now": 1})
+
+
+def test_pub_to_topic_routes_each_row_by_its_topic_column_and_a_null_goes_to_topic(
+        spark, broker, client):
+    for topic in ("x", "y", "fallback"):
+        client.admin("channel", "create", topic, "check")
+    rows = [(f"{t}-{i}", t) for i in range(10) for t in ("x", "y")] + [("none-0", None)]
+    df = spark.createDataFrame(rows, "body STRING, dest STRING").repartition(2)
+    pub_to_topic(broker.address, "fallback", topic_column="dest")(df, 0)
+    assert drain(client, "x") == Counter(f"x-{i}".encode() for i in range(10))
+    assert drain(client, "y") == Counter(f"y-{i}".encode() for i in range(10))
+    assert drain(client, "fallback") == Counter({b"none-0": 1})
+
+
+def test_a_topic_column_overrides_the_sinks_topic_option(spark, broker, client):
+    for topic in ("x", "fallback"):
+        client.admin("channel", "create", topic, "check")
+    df = spark.createDataFrame([("to-x-0", "x"), ("to-x-1", "x"), ("no-topic", None)],
+                               "body STRING, topic STRING")
+    df.write.format("pynsq").option("address", broker.address).option("topic", "fallback") \
+        .mode("append").save()
+    assert drain(client, "x") == Counter({b"to-x-0": 1, b"to-x-1": 1})
+    assert drain(client, "fallback") == Counter({b"no-topic": 1})
+
+
+@pytest.mark.parametrize("writer", ["pub_to_topic batch_size", "sink batchSize"])
+def test_the_batch_size_sets_how_many_rows_each_mpub_holds(spark, broker, client, writer):
+    """25 rows in one partition, 10 per MPUB: three requests, each one de-duplication entry."""
+    client.admin("channel", "create", "b", "check")
+    df = spark.createDataFrame([(f"r-{i}",) for i in range(25)], "body STRING").coalesce(1)
+    if writer.startswith("pub_to_topic"):
+        pub_to_topic(broker.address, "b", batch_size=10)(df, 0)
+    else:
+        df.write.format("pynsq").option("address", broker.address).option("topic", "b") \
+            .option("batchSize", 10).mode("append").save()
+    assert broker.call(len, broker.broker.dedupe) == 3
+    assert drain(client, "b") == Counter(f"r-{i}".encode() for i in range(25))
+
+
+def test_a_mistyped_body_column_fails_naming_it_before_any_task_runs(spark, broker, client):
+    sc = spark.sparkContext
+    df = spark.createDataFrame([(1,), (2,)], "body INT")
+    sc.setJobGroup("mistyped-body", "a write that must fail on the driver")
+    try:
+        with pytest.raises(PublishError, match="column 'body' must be BINARY or STRING, not int"):
+            pub_to_topic(broker.address, "b")(df, 0)
+        with pytest.raises(Exception, match="column 'body' must be BINARY or STRING, not int"):
+            df.write.format("pynsq").option("address", broker.address).option("topic", "b") \
+                .mode("append").save()
+        assert sc.statusTracker().getJobIdsForGroup("mistyped-body") == []
+    finally:
+        sc.setJobGroup(None, None)
+    assert "b" not in {t.name for t in client.stats().topics}
+
+
+def test_a_replay_after_the_dedupe_window_expired_publishes_its_batch_again(
+        spark, broker, client, tmp_path):
+    """The exactly-once boundary: past the window a replay is a new publish (README)."""
+    client.admin("channel", "create", "b", "check")
+    publish(client, "a", 300)
+    publish_b = pub_to_topic(broker.address, "b")
+    failed: list[bytes] = []
+
+    def publish_then_fail_once(df, batch_id):
+        publish_b(df, batch_id)
+        if batch_id == 1 and not failed:
+            failed.extend(r.body.encode() for r in df.collect())
+            raise RuntimeError("injected failure after publishing batch 1")
+
+    checkpoint = tmp_path / "ck"
+    first = relay(spark, broker.address, checkpoint, lambda w: w.foreachBatch(publish_then_fail_once))
+    with pytest.raises(StreamingQueryException, match="injected failure"):
+        first.awaitTermination(120)
+    # Ten minutes pass, as far as de-duplication knows: its entries expire.
+    broker.call(setattr, broker.broker.dedupe, "window", 0.0)
+    second = relay(spark, broker.address, checkpoint, lambda w: w.foreachBatch(publish_then_fail_once))
+    assert second.awaitTermination(120)
+    bodies = drain(client, "b")
+    assert set(bodies) == set(expected_bodies(300))               # nothing lost
+    assert {b for b, n in bodies.items() if n > 1} == set(failed)  # the replayed batch, twice
+    assert len(failed) == 100 and sum(bodies.values()) == 400

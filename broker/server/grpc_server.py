@@ -348,15 +348,19 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     async def Reserve(self, request: pb.ReserveRequest, context) -> pb.ReserveResponse:
         try:
-            lease, depth = self.broker.reserve(request.session_id, request.topic, request.channel,
-                                               request.max_messages, request.msg_timeout_ms,
-                                               request.max_bytes)
+            reservation = self.broker.begin_reserve(
+                request.session_id, request.topic, request.channel, request.max_messages,
+                request.msg_timeout_ms, request.max_bytes)
+            # Bounded steps, the loop served between them (a large reserve reads from disk).
+            while self.broker.reserve_step(reservation):
+                await asyncio.sleep(0)
+            lease, depth = self.broker.reserve_result(reservation)
         except BrokerError as err:
             await abort(context, err)
         if lease is None:
             return pb.ReserveResponse(depth=depth)
         return pb.ReserveResponse(lease_id=lease.lease_id, count=len(lease.order), depth=depth,
-                                  bytes=columns.body_bytes(lease.order))
+                                  bytes=reservation.bytes)
 
     async def FetchLease(self, request: pb.FetchLeaseRequest, context):
         n = request.num_partitions or 1
