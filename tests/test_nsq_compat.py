@@ -241,6 +241,19 @@ def test_a_raw_consumer_gets_nsqs_message_layout_and_cls_gets_close_wait(broker,
              message="FIN")
 
 
+def test_sample_rate_is_ignored_and_every_message_is_delivered(broker, client):
+    ids = client.multi_publish("t", [b"m%d" % i for i in range(50)])
+    raw = Raw(broker.tcp_address)
+    raw.send("IDENTIFY", json.dumps({"feature_negotiation": True, "sample_rate": 1}).encode())
+    assert raw.frame()[0] == 0
+    raw.send("SUB t ch")
+    assert raw.frame() == (0, b"OK")
+    raw.send("RDY 50")
+    frames = [raw.frame() for _ in ids]
+    assert {kind for kind, _ in frames} == {2}
+    assert sorted(data[10:26].decode() for _, data in frames) == sorted(ids)
+
+
 def test_heartbeats_are_sent_and_answered_with_nop(broker):
     raw = Raw(broker.tcp_address)
     raw.send("IDENTIFY", json.dumps({"heartbeat_interval": 1000}).encode())
