@@ -294,6 +294,17 @@ def test_http_ping_info_pub_mpub_and_stats(broker, client):
     assert "[t" in http(broker, "GET", "/stats?format=text")[1].decode()
 
 
+def test_the_kept_differences_from_nsqd_hold(broker, client):
+    client.admin("channel", "create", "t", "ch")
+    assert http(broker, "PUT", "/pub?topic=t", b"one") == (200, b"OK")
+    assert http(broker, "PUT", "/mpub?topic=t", b"two\nthree") == (200, b"OK")
+    assert client.stats("t").topics[0].channels[0].depth == 3
+    info = json.loads(http(broker, "GET", "/info")[1])
+    assert info["grpc_address"] == broker.address
+    assert http(broker, "GET", "/config/nsqlookupd_tcp_addresses")[0] == 404
+    assert http(broker, "GET", "/debug/pprof/")[0] == 404
+
+
 @pytest.mark.parametrize("method, path, body, status, message", [
     ("POST", "/pub", b"x", 400, "MISSING_ARG_TOPIC"),
     ("POST", "/pub?topic=bad!name", b"x", 400, "INVALID_TOPIC"),
