@@ -100,7 +100,9 @@ def test_pubs_in_stops_at_a_damaged_record():
     moved[-1] ^= 0xFF
     assert records.pubs_in(first + bytes(damaged) + first, 0) == {0: (1, 100, b"one", 0)}
     assert records.pubs_in(first + bytes(moved), 0) == {0: (1, 100, b"one", 0)}
-    assert records.pubs_in(b"\x00" * 64 + first, 0) == {}
+    assert records.pubs_in(b"\x00" * 66 + first, 0) == {}         # bad magic: no resync
+    assert records.pubs_in(first, 0) == {0: (1, 100, b"one", 0)}  # ends with the block
+    assert records.pubs_in(first + records.MAGIC + b"\x01", 0) == {0: (1, 100, b"one", 0)}
 
 
 def test_damaged_bytes_are_skipped_and_the_scan_resumes_at_the_next_valid_record(caplog):
