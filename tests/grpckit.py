@@ -50,3 +50,34 @@ def so_far(sub) -> tuple[list, list]:
     while (msg := sub.get(timeout=0)) is not None:
         messages.append(msg)
     return messages, errors
+
+
+def drain(client, sub, topic: str, channel: str, *, fin: bool = True,
+          timeout: float = 60.0) -> dict[str, bytes]:
+    """id -> body of everything ``channel`` has ready, read through ``sub`` (FINed unless
+    told otherwise) until its stats show nothing ready and nothing arrived unread.
+
+    No quiet period stands in for "nothing more": after ``so_far`` (which also waits for
+    the FINs sent before it) finds nothing new, the channel's depth says whether more is
+    to come. Deferred messages are left where they are.
+    """
+    got: dict[str, bytes] = {}
+
+    def take(msg) -> None:
+        got[msg.id] = msg.body
+        if fin:
+            sub.fin(msg.id)
+
+    deadline = time.monotonic() + timeout
+    while True:
+        assert time.monotonic() < deadline, f"{topic}/{channel}: still ready after {len(got)}"
+        while (msg := sub.get(timeout=0.05)) is not None:
+            take(msg)
+        messages, _ = so_far(sub)
+        for msg in messages:
+            take(msg)
+        if messages:
+            continue
+        stats = channel_stats(client, topic, channel)
+        if stats.depth == 0 and stats.in_flight_count == (0 if fin else len(got)):
+            return got

@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 
+from .grpckit import so_far
 from .helpers import bin_path, wait_for
 
 
@@ -19,6 +20,19 @@ def test_pub_with_a_body_publishes_one_message(broker, client):
     assert result.returncode == 0, result.stderr
     with client.subscribe("events", "check", rdy=1) as sub:
         assert sub.get(10).body == b"hello"
+
+
+def test_pub_with_a_ttl_publishes_a_message_that_expires(broker, client):
+    client.admin("channel", "create", "events", "check")
+    result = pynsq(broker.address, "pub", "events", "stale", "--ttl", "1ms")
+    assert result.returncode == 0, result.stderr
+    assert pynsq(broker.address, "pub", "events", "fresh").returncode == 0
+    with client.subscribe("events", "check", rdy=10) as sub:
+        msg = sub.get(10)
+        sub.fin(msg.id)
+        assert msg.body == b"fresh" and so_far(sub) == ([], [])
+    stats = client.stats("events").topics[0].channels[0]
+    assert (stats.expired_count, stats.depth, stats.finish_count) == (1, 0, 1)
 
 
 def test_pub_without_a_body_publishes_one_message_per_stdin_line(broker, client):

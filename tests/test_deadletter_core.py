@@ -91,6 +91,16 @@ def test_a_channel_can_name_its_own_dead_letter_topic():
     assert "events.dead" not in broker.topics
 
 
+def test_an_ephemeral_topics_dead_letters_go_to_its_durable_dead_letter_topic():
+    broker, _ = new_broker()
+    broker.create_channel("events#ephemeral", "work", max_attempts=1)
+    msg_id = broker.publish("events#ephemeral", b"x")
+    consumer = subscribe(broker, "events#ephemeral", "work", rdy=10)
+    consumer.channel.requeue(consumer, msg_id)
+    assert list(drain(broker, "events.dead", "audit")) == [msg_id]
+    assert not broker.topics["events.dead"].ephemeral
+
+
 def test_the_broker_wide_max_attempts_applies_to_channels_that_set_none():
     broker, _ = new_broker(max_attempts=2)
     broker.create_channel("events", "own", max_attempts=0)

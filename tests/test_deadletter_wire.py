@@ -11,7 +11,7 @@ import pytest
 
 from broker.client import ClientError
 
-from .grpckit import channel_stats
+from .grpckit import channel_stats, so_far
 from .helpers import wait_for
 from .test_cli import pynsq
 from .test_nsq_compat import Raw, http
@@ -88,10 +88,8 @@ def test_a_timed_out_grpc_consumer_counts_toward_max_attempts(broker, client):
     with client.subscribe("slow", "work", rdy=10, msg_timeout_ms=200) as sub:
         wait_for(lambda: channel_stats(client, "slow", "work").dead_letter_count == 1, 20,
                  message="dead-lettered after two timeouts")
-        received = []
-        while (msg := sub.get(timeout=0.1)) is not None:
-            received.append(msg.attempts)
-    assert received == [1, 2]
+        received, _ = so_far(sub)
+    assert [msg.attempts for msg in received] == [1, 2]
     assert channel_stats(client, "slow", "work").timeout_count == 2
     assert read_all(client, "slow.dead", "audit", 1) == {msg_id: b"never finished"}
 

@@ -10,6 +10,7 @@ import pytest
 from broker import Client, EmbeddedBroker
 from broker.storage import DataPathLocked
 
+from .grpckit import drain
 from .helpers import Daemon, wait_for
 
 
@@ -27,18 +28,10 @@ def daemons(tmp_path):
         d.kill()
 
 
-def consume_all(address: str, topic: str, channel: str, idle: float = 1.0,
-                fin: bool = True) -> dict[str, bytes]:
-    """Every message the channel delivers until it stays quiet for ``idle`` seconds."""
-    got: dict[str, bytes] = {}
+def consume_all(address: str, topic: str, channel: str, fin: bool = True) -> dict[str, bytes]:
+    """Every message the channel has ready, read until its stats say none is left."""
     with Client(address) as client, client.subscribe(topic, channel, rdy=1000) as sub:
-        while True:
-            msg = sub.get(timeout=idle)
-            if msg is None:
-                return got
-            got[msg.id] = msg.body
-            if fin:
-                sub.fin(msg.id)
+        return drain(client, sub, topic, channel, fin=fin)
 
 
 def publish_n(address: str, topic: str, n: int) -> list[str]:

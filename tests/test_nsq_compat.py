@@ -263,6 +263,19 @@ def test_a_raw_consumer_gets_nsqs_message_layout_and_cls_gets_close_wait(broker,
              message="FIN")
 
 
+def test_sample_rate_is_ignored_and_every_message_is_delivered(broker, client):
+    ids = client.multi_publish("t", [b"m%d" % i for i in range(50)])
+    raw = Raw(broker.tcp_address)
+    raw.send("IDENTIFY", json.dumps({"feature_negotiation": True, "sample_rate": 1}).encode())
+    assert raw.frame()[0] == 0
+    raw.send("SUB t ch")
+    assert raw.frame() == (0, b"OK")
+    raw.send("RDY 50")
+    frames = [raw.frame() for _ in ids]
+    assert {kind for kind, _ in frames} == {2}
+    assert sorted(data[10:26].decode() for _, data in frames) == sorted(ids)
+
+
 def test_heartbeats_are_sent_and_answered_with_nop(broker):
     raw = Raw(broker.tcp_address)
     raw.send("IDENTIFY", json.dumps({"heartbeat_interval": 1000}).encode())
@@ -301,6 +314,17 @@ def test_http_ping_info_pub_mpub_and_stats(broker, client):
     assert (topic["topic_name"], topic["message_count"]) == ("t", 6)
     assert (channel["channel_name"], channel["depth"], channel["deferred_count"]) == ("ch", 5, 1)
     assert "[t" in http(broker, "GET", "/stats?format=text")[1].decode()
+
+
+def test_the_kept_differences_from_nsqd_hold(broker, client):
+    client.admin("channel", "create", "t", "ch")
+    assert http(broker, "PUT", "/pub?topic=t", b"one") == (200, b"OK")
+    assert http(broker, "PUT", "/mpub?topic=t", b"two\nthree") == (200, b"OK")
+    assert client.stats("t").topics[0].channels[0].depth == 3
+    info = json.loads(http(broker, "GET", "/info")[1])
+    assert info["grpc_address"] == broker.address
+    assert http(broker, "GET", "/config/nsqlookupd_tcp_addresses")[0] == 404
+    assert http(broker, "GET", "/debug/pprof/")[0] == 404
 
 
 @pytest.mark.parametrize("method, path, body, status, message", [

@@ -55,13 +55,18 @@ def test_a_query_stopped_mid_stream_and_restarted_loses_nothing(spark, broker, c
     published = publish(client, "events", 1500)
     checkpoint = tmp_path / "ck"
     first = Recorder()
-    query = start(reader(spark, broker.address, "events", maxMessagesPerTrigger=100),
+    query = start(reader(spark, broker.address, "events", maxMessagesPerTrigger=100,
+                         msgTimeoutMs=120_000),
                   first, checkpoint, processingTime="50 milliseconds")
     wait_for(lambda: len(first.batches) >= 3, 120, message="three batches")
     query.stop()
     assert len(set(first.ids)) < len(published)
+    # A query that stops gives its uncommitted leases back at once, not after their
+    # grace period (msgTimeoutMs, two minutes here).
     wait_for(lambda: channel_stats(client, "events").in_flight_count == 0, 30,
-             message="the stopped query to give its batch back")
+             message="the stopped query's leases to be requeued")
+    stats = channel_stats(client, "events")
+    assert stats.depth == len(published) - stats.finish_count
 
     second = Recorder()
     start(reader(spark, broker.address, "events", maxMessagesPerTrigger=500),

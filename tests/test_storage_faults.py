@@ -20,6 +20,7 @@ from broker import Client, ClientError, EmbeddedBroker
 from broker.storage import MemoryStore, fileops
 
 from .faultfs import FaultyFiles
+from .grpckit import drain
 from .helpers import wait_for
 
 
@@ -30,15 +31,10 @@ def files(monkeypatch) -> FaultyFiles:
     return faulty
 
 
-def consume_all(address: str, topic: str, channel: str, idle: float = 1.0,
-                fin: bool = True) -> dict[str, bytes]:
-    got: dict[str, bytes] = {}
+def consume_all(address: str, topic: str, channel: str, fin: bool = True) -> dict[str, bytes]:
+    """Every message the channel has ready, read until its stats say none is left."""
     with Client(address) as client, client.subscribe(topic, channel, rdy=500) as sub:
-        while (msg := sub.get(timeout=idle)) is not None:
-            got[msg.id] = msg.body
-            if fin:
-                sub.fin(msg.id)
-    return got
+        return drain(client, sub, topic, channel, fin=fin)
 
 
 class Raw:

@@ -126,6 +126,32 @@ def test_https_serves_and_plain_http_answers_tls_required(tls_broker, certs):
         http(tls_broker, "/ping", ca=certs.rogue_ca, address=tls_broker.https_address)
 
 
+def test_tls_min_version_refuses_an_older_client_and_serves_a_newer_one(certs):
+    import urllib.error
+    import urllib.request
+
+    with EmbeddedBroker(tls_cert=certs.server_cert, tls_key=certs.server_key,
+                        https_address="127.0.0.1:0", tls_min_version="tls1.3") as b:
+        assert http(b, "/ping", ca=certs.ca, address=b.https_address) == (200, b"OK")
+        old = ssl.create_default_context(cafile=certs.ca)
+        old.maximum_version = ssl.TLSVersion.TLSv1_2
+        with pytest.raises(urllib.error.URLError, match="SSL"):
+            urllib.request.urlopen(f"https://{b.https_address}/ping", timeout=10, context=old)
+        assert http(b, "/ping", ca=certs.ca, address=b.https_address) == (200, b"OK")
+
+
+def test_pynsq_takes_its_auth_secret_from_the_environment(certs, capsys, monkeypatch):
+    with AuthServer({"cli": reply(publish="^cli$")}) as auth, \
+            EmbeddedBroker(tls_cert=certs.server_cert, tls_key=certs.server_key,
+                           auth_http_addresses=[auth.address]) as b:
+        flags = ["--address", b.address, "--tls-ca", certs.ca]
+        monkeypatch.setenv("PYNSQ_AUTH_SECRET", "cli")
+        assert pynsq([*flags, "pub", "cli", "hello"]) == 0
+        monkeypatch.setenv("PYNSQ_AUTH_SECRET", "wrong")
+        assert pynsq([*flags, "pub", "cli", "hello"]) == 1
+        assert "E_AUTH_FAILED" in capsys.readouterr().err
+
+
 def test_pynsq_cli_speaks_tls_and_the_auth_secret(certs, capsys):
     with AuthServer({"cli": reply(publish="^cli$")}) as auth, \
             EmbeddedBroker(tls_cert=certs.server_cert, tls_key=certs.server_key,

@@ -1,0 +1,113 @@
+"""The source's driver half without Spark: how ``latestOffset`` spreads a batch over
+several brokers, and which leases a commit FINs. Real brokers on loopback."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker import Client, EmbeddedBroker
+from spark_connector.options import ReaderOptions
+from spark_connector.session import LeaseKeeper
+
+from .grpckit import channel_stats
+
+
+def options(*addresses: str) -> ReaderOptions:
+    return ReaderOptions.parse({"address": ",".join(addresses), "topic": "events",
+                                "channel": "spark", "timeoutMs": "5000"})
+
+
+def per_broker(leases: dict[str, dict]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for lease in leases.values():
+        counts[lease["address"]] = counts.get(lease["address"], 0) + lease["count"]
+    return counts
+
+
+@pytest.fixture
+def two(broker, client):
+    """Two brokers, each with a channel ``events/spark`` and 100 messages of 10 bytes;
+    a keeper reading both: (keeper, [address a, address b], [client a, client b])."""
+    with EmbeddedBroker() as other, Client(other.address) as other_client:
+        for c in (client, other_client):
+            c.create_channel("events", "spark")
+            c.multi_publish("events", [b"0123456789"] * 100)
+        keeper = LeaseKeeper(options(broker.address, other.address))
+        try:
+            yield keeper, [broker.address, other.address], [client, other_client]
+        finally:
+            keeper.close()
+
+
+def test_each_broker_is_offered_an_equal_share_first_then_what_the_others_left(two):
+    keeper, (a, b), (client_a, client_b) = two
+    client_b.admin("channel", "empty", "events", "spark")
+    client_b.multi_publish("events", [b"x"] * 10)
+    leases = keeper.reserve(1, 60, 1 << 20, None)
+    assert per_broker(leases) == {a: 50, b: 10}
+    assert sum(lease["count"] for lease in leases.values()) == 60
+    assert sorted(leases) == [str(i) for i in range(len(leases))]
+
+
+def test_the_broker_asked_first_turns_with_each_batch(two):
+    keeper, (a, b), _ = two
+    first = keeper.reserve(1, 5, 1 << 20, None)
+    second = keeper.reserve(2, 5, 1 << 20, None)
+    third = keeper.reserve(3, 5, 1 << 20, None)
+    assert [(lease["address"], lease["count"]) for lease in first.values()] == [(b, 3), (a, 2)]
+    assert [(lease["address"], lease["count"]) for lease in second.values()] == [(a, 3), (b, 2)]
+    assert [(lease["address"], lease["count"]) for lease in third.values()] == [(b, 3), (a, 2)]
+
+
+def test_the_byte_limit_is_shared_like_the_message_limit(two):
+    keeper, (a, b), (_, client_b) = two
+    leases = keeper.reserve(1, 1000, 100, None)        # 10 messages of 10 bytes
+    assert per_broker(leases) == {a: 5, b: 5}
+    client_b.admin("channel", "empty", "events", "spark")
+    assert per_broker(keeper.reserve(2, 1000, 100, None)) == {a: 10}
+
+
+def test_available_now_reads_no_more_than_each_broker_held_at_start(two):
+    keeper, (a, b), (client_a, _) = two
+    target = {a: 7, b: 0}
+    client_a.multi_publish("events", [b"later"] * 5)  # published after the start
+    leases = keeper.reserve(1, 1000, 1 << 20, target)
+    assert per_broker(leases) == {a: 7} and target == {a: 0, b: 0}
+    assert keeper.reserve(2, 1000, 1 << 20, target) == {}
+    assert keeper.planned(2) is None
+
+
+def test_a_commit_fins_every_batch_up_to_it_and_leaves_later_ones_held(broker, client):
+    client.create_channel("events", "spark")
+    client.multi_publish("events", [b"m"] * 30)
+    keeper = LeaseKeeper(options(broker.address))
+    try:
+        first = keeper.reserve(1, 10, 1 << 20, None)
+        second = keeper.reserve(2, 10, 1 << 20, None)
+        keeper.reserve(3, 10, 1 << 20, None)
+        assert keeper.planned(1) == {"batch": 1, "leases": first}
+        keeper.finish_through(2, second)
+        stats = channel_stats(client, "events", "spark")
+        assert (stats.finish_count, stats.in_flight_count) == (20, 10)
+        assert keeper.planned(1) is None and keeper.planned(2) is None
+        assert keeper.planned(3) is not None
+        keeper.finish_through(3, {})
+        assert channel_stats(client, "events", "spark").finish_count == 30
+    finally:
+        keeper.close()
+
+
+def test_a_commit_fins_the_leases_its_offset_names_even_if_this_run_did_not_plan_them(
+        broker, client):
+    client.create_channel("events", "spark")
+    client.multi_publish("events", [b"m"] * 10)
+    planner = LeaseKeeper(options(broker.address))
+    leases = planner.reserve(1, 10, 1 << 20, None)
+    restarted = LeaseKeeper(options(broker.address))
+    try:
+        restarted.finish_through(1, leases)           # the offset from the checkpoint
+        stats = channel_stats(client, "events", "spark")
+        assert (stats.finish_count, stats.in_flight_count) == (10, 0)
+    finally:
+        restarted.close()
+        planner.close()
