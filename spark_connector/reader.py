@@ -98,19 +98,6 @@ class LeaseSlice(InputPartition):
     security: ClientSecurity | None = None  # TLS files, auth secret (never shown)
 
 
-def _stop_on_sigterm() -> None:
-    """Spark ends the driver's Python worker of a stopping query with SIGTERM, whose
-    default action exits at once, skipping the ``finally`` in which PySpark calls
-    ``stop()``: the leases would then wait out their grace period. Exit by exception."""
-    import signal
-    import sys
-    import threading
-
-    if (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-
-
 class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options) -> None:
         self.options = ReaderOptions.parse(options)
@@ -126,7 +113,6 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._keeper is None:
             _stop_on_sigterm()
             self._keeper = LeaseKeeper(self.options)
-            _stop_on_sigterm()
         return self._keeper
 
     # -- driver ------------------------------------------------------------
