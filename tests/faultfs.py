@@ -75,6 +75,9 @@ class FaultyFiles(Files):
     # -- the calls -------------------------------------------------------------
     def open(self, path: str, flags: int, mode: int = 0o644) -> int:
         self._check("open")
+        if flags & os.O_CREAT and not os.path.exists(path):
+            with self._lock:
+                self._synced.pop(path, None)   # a new file: nothing of it synced yet
         fd = super().open(path, flags, mode)
         self._paths[fd] = path
         return fd
@@ -109,7 +112,12 @@ class FaultyFiles(Files):
     def rename(self, src: str, dst: str) -> None:
         self._check("rename")
         super().rename(src, dst)
+        with self._lock:  # what was synced goes with the files
+            for path in [p for p in self._synced if p == src or p.startswith(src + os.sep)]:
+                self._synced[dst + path[len(src):]] = self._synced.pop(path)
 
     def unlink(self, path: str) -> None:
         self._check("unlink")
         super().unlink(path)
+        with self._lock:
+            self._synced.pop(path, None)

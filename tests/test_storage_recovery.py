@@ -298,6 +298,22 @@ def test_after_a_power_loss_everything_fsynced_is_back(tmp_path, monkeypatch):
     assert set(synced) <= set(back) <= set(synced) | set(unsynced)
 
 
+def test_what_a_killed_broker_never_fsynced_is_fsynced_by_the_next_one(tmp_path, monkeypatch):
+    files = FaultyFiles()
+    monkeypatch.setattr(fileops, "current", files)
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    broker.create_channel("events", "work")
+    ids = broker.multi_publish("events", [f"m{i}".encode() for i in range(20)])
+    crash(broker)                              # killed before its first fsync
+    broker = start(tmp_path, clock)
+    broker.storage.wait_synced()               # the restarted broker's first sync
+    broker.storage.abandon()
+    files.power_loss(tmp_path)
+    broker = start(tmp_path, clock)
+    assert set(drain(broker, "events", "work")) == set(ids)
+
+
 def test_without_a_data_path_publishes_past_max_memory_bytes_are_refused_until_consumed():
     from broker.errors import QueueFull
 

@@ -222,6 +222,10 @@ class DiskStore(Store):
         # (a thread of its own: a read never waits behind an fsync).
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="pynsq-read")
         self._new_dirs: list[str] = []
+        # Files found at start: fsynced by the first sync, since a broker killed before
+        # its last sync may have left writes in them that were never fsynced.
+        self._found: list[str] = []
+        self._syncing_found: list[str] = []
         self._flush_scheduled = False
         self._restoring = False
         self._write_failed = False
@@ -624,9 +628,13 @@ class DiskStore(Store):
             if any(work):
                 self._unsynced = 0
                 self._last_sync = now
-                self._sync = self._executor.submit(_sync_all, self.files, *work)
+                self._start_sync(work)
 
-    def _sync_work(self) -> tuple[list[int], list[int], list[Path], list[str]]:
+    def _start_sync(self, work: tuple) -> None:
+        self._syncing_found = work[4]
+        self._sync = self._executor.submit(_sync_all, self.files, *work)
+
+    def _sync_work(self) -> tuple[list[int], list[int], list[Path], list[str], list[str]]:
         fds, retired, deleted = [], [], []
         for topic_log in self.logs.values():
             fd, old, gone = topic_log.take_sync_work()
@@ -635,7 +643,8 @@ class DiskStore(Store):
             retired += old
             deleted += gone
         dirs, self._new_dirs = self._new_dirs, []
-        return fds, retired, deleted, dirs
+        found, self._found = self._found, []
+        return fds, retired, deleted, dirs, found
 
     def _check_sync(self) -> None:
         future = self._sync
@@ -650,6 +659,7 @@ class DiskStore(Store):
             self.failed = str(err)
             for topic_log in self.logs.values():
                 topic_log.dirty = True
+            self._found = self._syncing_found + self._found
         elif self.failed is not None:
             log.warning("fsync of the data path succeeded again: publishes are accepted")
             self.failed = None
@@ -660,8 +670,7 @@ class DiskStore(Store):
         if self._sync is not None:
             self._sync.exception()
             self._check_sync()
-        work = self._sync_work()
-        self._sync = self._executor.submit(_sync_all, self.files, *work)
+        self._start_sync(self._sync_work())
         self._sync.exception()
         self._check_sync()
 
@@ -684,6 +693,7 @@ class DiskStore(Store):
         finally:
             self._restoring = False
         opened: list[TopicLog] = []
+        self._found = [str(topic_log.path(seg)) for topic_log in logs for seg in topic_log.sizes]
         try:
             for topic_log in logs:
                 topic_log.start_appending()
@@ -819,10 +829,24 @@ class DiskStore(Store):
 
 
 def _sync_all(files: fileops.Files, fds: list[int], retired: list[int],
-              deleted: list[Path], dirs: list[str]) -> None:
+              deleted: list[Path], dirs: list[str], found: list[str]) -> None:
     """fsync what was written, close rolled-over files, delete reclaimed ones; in
     the storage thread. The first failure is raised after trying everything."""
     failure: OSError | None = None
+    for path in found:
+        try:
+            fd = files.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # reclaimed since
+        except OSError as err:
+            failure = failure or err
+            continue
+        try:
+            files.fsync(fd)
+        except OSError as err:
+            failure = failure or err
+        finally:
+            files.close(fd)
     for fd in fds:
         try:
             files.fsync(fd)
