@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import resource
 import signal
@@ -67,6 +68,16 @@ def raise_open_file_limit() -> int:
     return target
 
 
+def tune_garbage_collector() -> None:
+    """Queued messages are long-lived objects, by the million when kept in memory.
+    With Python's default thresholds a full collection rescans all of them each time
+    they grow by a quarter, and checks for that every 70,000 allocations: measured,
+    half of a memory-only publish's CPU. Full collections are made a hundred times
+    rarer; the young generations keep their defaults, so pauses stay short."""
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, 1000)
+
+
 async def serve(options: Options) -> None:
     for warning in exposure_warnings(options):
         logging.getLogger("pynsqd").warning("%s", warning)
@@ -93,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=options.log_level.upper(), stream=sys.stderr,
                         format="[pynsqd] %(asctime)s %(levelname)s: %(message)s")
     logging.getLogger("pynsqd").info("open-file limit: %d", raise_open_file_limit())
+    tune_garbage_collector()
     try:
         loop = new_event_loop(options.event_loop)
     except ValueError as err:

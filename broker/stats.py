@@ -28,8 +28,10 @@ class LatencySample:
 
     def add_many(self, latencies_ms: list[float]) -> None:
         """``add`` each; a batch is sorted once and cut at each bound, not bisected one
-        by one."""
-        if not latencies_ms:
+        by one (a handful is cheaper one by one)."""
+        if len(latencies_ms) < len(HISTOGRAM_BOUNDS_MS):
+            for latency_ms in latencies_ms:
+                self.add(latency_ms)
             return
         self._values.extend(latencies_ms)
         ordered = sorted(latencies_ms)

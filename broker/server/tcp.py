@@ -258,7 +258,7 @@ class V2Connection(asyncio.Protocol):
             self.magic_seen = True
         pos = 0
         try:
-            while not self.closing:
+            while not self.closing and pos < len(buf):   # most reads end on a command
                 if self._fins_allowed():
                     ids, end = wire.read_fins(buf, pos)
                     if ids:
