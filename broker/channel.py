@@ -228,8 +228,8 @@ class Channel:
         held = list(holder.in_flight.values())
         holder.in_flight.clear()
         wall_ns = self._clock.wall_ns()
+        self._in_flight.cancel_many(held)
         for msg in held:
-            self._in_flight.cancel(msg)
             msg.consumer = None
             self.latency.add((wall_ns - msg.timestamp) / 1e6)
         self._store.finished(self, held)
@@ -241,8 +241,7 @@ class Channel:
     def touch_all(self, holder: Consumer) -> int:
         """TOUCH everything ``holder`` has in flight (a lease); returns how many."""
         held = list(holder.in_flight.values())
-        for msg in held:
-            self._in_flight.cancel(msg)
+        self._in_flight.cancel_many(held)
         self._in_flight.push_many(held, self._clock.monotonic() + holder.msg_timeout)
         self._timers_started()
         return len(held)
