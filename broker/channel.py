@@ -240,8 +240,7 @@ class Channel:
     def touch_all(self, holder: Consumer) -> int:
         """TOUCH everything ``holder`` has in flight (a lease); returns how many."""
         held = list(holder.in_flight.values())
-        for msg in held:
-            self._in_flight.cancel(msg)
+        self._in_flight.cancel_many(held)
         self._in_flight.push_many(held, self._clock.monotonic() + holder.msg_timeout)
         self._timers_started()
         return len(held)

@@ -17,10 +17,18 @@ from .message import Message
 
 
 class DeadlineQueue:
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Message, int]] = []
+    """Entries are ``(deadline, seq, msg, token)``, or for messages pushed together
+    ``(deadline, seq, [msgs], [tokens])``: one entry, not one per message (a lease of
+    100,000 messages would otherwise allocate 100,000 tuples, and wake the cyclic GC
+    over every message the broker holds). An entry's message is live while its
+    token is the message's."""
+
+    def __init__(self, compact_above: int = 1024) -> None:
+        self._compact_above = compact_above  # rebuild past this many entries' messages
+        self._heap: list[tuple] = []
         self._seq = itertools.count()
         self._live = 0
+        self._slots = 0  # messages the heap's entries name, live or stale
         self._latest = float("-inf")  # no entry has a later deadline
 
     def __len__(self) -> int:
@@ -29,46 +37,44 @@ class DeadlineQueue:
     def push(self, msg: Message, deadline: float) -> None:
         msg.deadline = deadline
         msg.token += 1
-        entry = (deadline, next(self._seq), msg, msg.token)
-        if deadline >= self._latest:
+        self._add((deadline, next(self._seq), msg, msg.token))
+        self._live += 1
+        self._slots += 1
+
+    def _add(self, entry: tuple) -> None:
+        if entry[0] >= self._latest:
             # No earlier than every entry: appended, the heap stays ordered (O(1)).
             self._heap.append(entry)
-            self._latest = deadline
+            self._latest = entry[0]
         else:
             heapq.heappush(self._heap, entry)
-        self._live += 1
 
     def push_many(self, msgs: list[Message], deadline: float) -> None:
-        """Push messages sharing one deadline (a lease, a burst of deliveries)."""
-        if deadline < self._latest:
-            for msg in msgs:
-                self.push(msg, deadline)
+        """Push messages sharing one deadline (a lease) as one entry: O(log n) in all."""
+        if not msgs:
             return
-        # Entries no earlier than every entry present keep the heap ordered when
-        # appended, so a burst costs O(1) per message instead of O(log n).
-        seq = self._seq
-        entries = []
+        tokens = []
         for msg in msgs:
             msg.deadline = deadline
             msg.token += 1
-            entries.append((deadline, next(seq), msg, msg.token))
-        self._heap.extend(entries)
-        self._live += len(entries)
-        self._latest = deadline
+            tokens.append(msg.token)
+        self._add((deadline, next(self._seq), list(msgs), tokens))
+        self._live += len(msgs)
+        self._slots += len(msgs)
 
     def cancel(self, msg: Message) -> None:
         """Void ``msg``'s entry; the caller knows it is in this queue."""
         msg.token += 1
         self._live -= 1
-        if len(self._heap) > 1024 and len(self._heap) > 4 * self._live:
+        if self._slots > self._compact_above and self._slots > 4 * self._live:
             self._compact()
 
     def cancel_many(self, msgs: list[Message]) -> None:
-        """Void the entries of ``msgs``, all in this queue."""
+        """``cancel`` each of ``msgs`` (a lease FINed or touched whole)."""
         for msg in msgs:
             msg.token += 1
         self._live -= len(msgs)
-        if len(self._heap) > 1024 and len(self._heap) > 4 * self._live:
+        if self._slots > self._compact_above and self._slots > 4 * self._live:
             self._compact()
 
     def pop_due(self, now: float) -> Iterator[Message]:
@@ -76,6 +82,15 @@ class DeadlineQueue:
         heap = self._heap
         while heap and heap[0][0] <= now:
             _, _, msg, token = heapq.heappop(heap)
+            if type(msg) is list:
+                self._slots -= len(msg)
+                for m, t in zip(msg, token):
+                    if t == m.token:
+                        m.token += 1
+                        self._live -= 1
+                        yield m
+                continue
+            self._slots -= 1
             if token == msg.token:
                 msg.token += 1
                 self._live -= 1
@@ -83,22 +98,51 @@ class DeadlineQueue:
 
     def next_deadline(self) -> float | None:
         heap = self._heap
-        while heap and heap[0][3] != heap[0][2].token:
-            heapq.heappop(heap)
+        while heap and not _has_live(heap[0]):
+            self._slots -= _size(heapq.heappop(heap))
         return heap[0][0] if heap else None
 
     def live(self) -> list[Message]:
-        return [entry[2] for entry in self._heap if entry[3] == entry[2].token]
+        return [m for entry in self._heap for m in _live_of(entry)]
 
     def clear(self) -> list[Message]:
-        live = [entry[2] for entry in self._heap if entry[3] == entry[2].token]
+        live = self.live()
         for msg in live:
             msg.token += 1
         self._heap.clear()
         self._live = 0
+        self._slots = 0
         self._latest = float("-inf")
         return live
 
     def _compact(self) -> None:
-        self._heap = [entry for entry in self._heap if entry[3] == entry[2].token]
-        heapq.heapify(self._heap)
+        heap = []
+        for entry in self._heap:
+            if type(entry[2]) is not list:
+                if entry[3] == entry[2].token:
+                    heap.append(entry)
+                continue
+            kept = [m for m, t in zip(entry[2], entry[3]) if t == m.token]
+            if kept:
+                heap.append((entry[0], entry[1], kept, [m.token for m in kept]))
+        heapq.heapify(heap)
+        self._heap = heap
+        self._slots = self._live
+
+
+def _size(entry: tuple) -> int:
+    return len(entry[2]) if type(entry[2]) is list else 1
+
+
+def _has_live(entry: tuple) -> bool:
+    # A group's messages leave together (a lease is FINed, requeued or touched
+    # whole), so its first message answers at once in practice.
+    if type(entry[2]) is list:
+        return any(t == m.token for m, t in zip(entry[2], entry[3]))
+    return entry[3] == entry[2].token
+
+
+def _live_of(entry: tuple) -> list[Message]:
+    if type(entry[2]) is list:
+        return [m for m, t in zip(entry[2], entry[3]) if t == m.token]
+    return [entry[2]] if entry[3] == entry[2].token else []
