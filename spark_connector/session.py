@@ -100,13 +100,14 @@ class _BrokerSession:
             self.silent_since = now
         return now - self.silent_since
 
-    def call(self, action: Callable[["_BrokerSession"], object]) -> object:
+    def call(self, action: Callable[["_BrokerSession"], object], wait: bool = True) -> object:
         """``action(self)``, waited for while the broker is silent for less than
         ``reconnectTimeoutMs``: each time it does not answer, wait until it answers a
         ping again (the client reconnects on its own, within a second) and retry.
         Raises ``BrokerUnavailable`` once the broker has been silent that long (a call
-        is always tried twice, so a single cut connection is not counted as silence)."""
-        window = self.options.reconnect_timeout_ms / 1000
+        is always tried twice, so a single cut connection is not counted as silence).
+        ``wait=False``: tried twice, never waited for."""
+        window = self.options.reconnect_timeout_ms / 1000 if wait else 0.0
         tries = 0
         while True:
             tries += 1
@@ -114,11 +115,14 @@ class _BrokerSession:
                 result = action(self)
             except BrokerUnavailable as err:
                 silent = self.unanswered()
-                if tries >= 2 and silent >= window:
+                if tries >= 2 and (silent >= window or self._closed.is_set()):
                     raise
-                log.warning("pynsq: %s did not answer (%s); silent for %.1f s, waiting up to "
-                            "reconnectTimeoutMs (%d ms)", self.address, err, silent,
-                            self.options.reconnect_timeout_ms)
+                if window > 0:
+                    log.warning("pynsq: %s did not answer (%s); silent for %.1f s, waiting up "
+                                "to reconnectTimeoutMs (%d ms)", self.address, err, silent,
+                                self.options.reconnect_timeout_ms)
+                if tries >= 2:  # it answers pings, not this call: do not hammer it
+                    self._closed.wait(0.2)
                 self._wait_until_it_answers(self.silent_since + window)
                 continue
             self.answered()
@@ -230,10 +234,12 @@ class LeaseKeeper:
                                     f"answered: {', '.join(listed)}")
 
     def _each_broker(self, addresses: Iterable[str], action: Callable[[_BrokerSession], object],
-                     what: str, may_fail_query: bool = True) -> dict[str, object]:
+                     what: str, may_fail_query: bool = True,
+                     wait: bool = True) -> dict[str, object]:
         """Run ``action`` on each broker; one that fails does not stop the others. With
         ``failOnDataLoss`` a broker that stays unreachable fails the query, unless the
-        call cannot lose data (``may_fail_query=False``: a FIN is kept and sent again)."""
+        call cannot lose data (``may_fail_query=False``: a FIN is kept and sent again).
+        ``wait=False``: a silent broker is not waited for (see ``_BrokerSession.call``)."""
         results: dict[str, object] = {}
         for address in addresses:
             session = self._sessions.get(address)
@@ -244,10 +250,10 @@ class LeaseKeeper:
                 # is retried as the client reconnects, for up to reconnectTimeoutMs. A retried
                 # Reserve whose first reply was lost leaves an untouched lease that times out
                 # back into the channel.
-                results[address] = session.call(action)
+                results[address] = session.call(action, wait)
             except BrokerUnavailable as err:
                 if self.options.fail_on_data_loss and may_fail_query:
-                    raise unreachable(address, err, self.options, silent=True) from None
+                    raise unreachable(address, err, self.options, silent=wait) from None
                 log.warning("pynsq: %s on %s failed: %s", what, address, err)
         return results
 
@@ -385,8 +391,9 @@ class LeaseKeeper:
             for lease in leases.values():
                 by_address.setdefault(lease["address"], []).append(lease["lease"])
         try:
+            # Not waited for: a broker that does not answer requeues them after the grace period.
             self._each_broker(by_address, lambda s: s.client.requeue_leases(
-                by_address[s.address]), "REQ")
+                by_address[s.address]), "REQ", wait=False)
         except BrokerUnreachable as err:
             log.warning("%s: its leases are requeued when its grace period ends", err)
 

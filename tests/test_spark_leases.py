@@ -211,6 +211,19 @@ def test_reader_option_defaults_bound_every_batch():
             o.fail_on_data_loss) == (2, 10_000, 60_000, "", True)
 
 
+@pytest.mark.parametrize("options, name", [({}, "spark:events/spark"),
+                                           ({"clientId": "nightly-etl"}, "nightly-etl")])
+def test_the_lease_session_is_named_by_client_id_by_default_topic_and_channel(
+        broker, options, name):
+    keeper = LeaseKeeper(keeper_options(broker.address, **options))
+    try:
+        # The name the broker knows the session by (and names it by in its log).
+        assert broker.call(lambda: [s.client_id for s in broker.broker._sessions.values()]) \
+            == [name]
+    finally:
+        keeper.close()
+
+
 def test_an_offset_names_each_lease_with_its_address_count_and_broker_instance(broker, client):
     publish(client, "events", 7)
     keeper = LeaseKeeper(keeper_options(broker.address))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from chispa import assert_df_equality
 from pyspark.errors.exceptions.captured import StreamingQueryException
+from pyspark.sql.functions import spark_partition_id
 
 from spark_connector import SCHEMA, PynsqDataSource
 
@@ -190,3 +193,64 @@ def test_an_unreachable_broker_fails_the_query_naming_the_address(spark, tmp_pat
     with pytest.raises(StreamingQueryException) as caught:
         query.awaitTermination(120)
     assert address in str(caught.value)
+
+
+class Bodies:
+    """foreachBatch: every body read, counted, and the Spark partitions each batch read in."""
+
+    def __init__(self) -> None:
+        self.bodies: Counter = Counter()
+        self.partitions: list[set[int]] = []
+
+    def __call__(self, df, batch_id: int) -> None:
+        rows = df.select("body", spark_partition_id().alias("p")).collect()
+        self.bodies.update(bytes(r.body) for r in rows)
+        self.partitions.append({r.p for r in rows})
+
+
+def test_several_comma_separated_addresses_are_each_read_by_one_query(
+        spark, broker, client, tmp_path):
+    from broker import Client, EmbeddedBroker
+
+    with EmbeddedBroker() as other, Client(other.address, timeout=10) as other_client:
+        client.multi_publish("events", [f"first-{i}" for i in range(100)])
+        other_client.multi_publish("events", [f"second-{i}" for i in range(100)])
+        seen = Bodies()
+        run_available_now(reader(spark, f"{broker.address}, {other.address}", "events",
+                                 maxMessagesPerTrigger=80), tmp_path / "ck", seen)
+        assert seen.bodies == Counter([f"first-{i}".encode() for i in range(100)]
+                                      + [f"second-{i}".encode() for i in range(100)])
+        for c in (client, other_client):
+            stats = channel_stats(c, "events")
+            assert (stats.depth, stats.in_flight_count, stats.finish_count) == (0, 0, 100)
+
+
+def test_by_default_a_batch_from_one_broker_is_read_in_two_tasks(spark, broker, client, tmp_path):
+    publish(client, "events", 10)
+    seen = Bodies()
+    run_available_now(reader(spark, broker.address, "events"), tmp_path / "ck", seen)
+    assert sum(seen.bodies.values()) == 10
+    assert seen.partitions == [{0, 1}]
+
+
+def test_offsets_in_the_checkpoint_are_the_documented_json(spark, broker, client, tmp_path):
+    import json
+    import re
+
+    from spark_connector.reader import PynsqStreamReader
+
+    publish(client, "events", 7)
+    run_available_now(reader(spark, broker.address, "events"), tmp_path / "ck", Recorder())
+    # Spark's offset log: a version line, its own metadata, then this source's offset.
+    offset = json.loads((tmp_path / "ck" / "offsets" / "0").read_text().splitlines()[-1])
+    lease = offset["leases"]["0"]
+    assert offset == {"batch": 1, "leases": {"0": {
+        "address": broker.address, "lease": lease["lease"], "count": 7,
+        "broker": broker.broker.instance_id}}}
+    assert re.fullmatch("[0-9a-f]{24}", lease["lease"])
+    source = PynsqStreamReader({"address": broker.address, "topic": "events",
+                                "channel": "spark"})
+    try:
+        assert source.initialOffset() == {"batch": 0, "leases": {}}
+    finally:
+        source.stop()
