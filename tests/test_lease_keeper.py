@@ -50,6 +50,14 @@ def test_each_broker_is_offered_an_equal_share_first_then_what_the_others_left(t
     assert sorted(leases) == [str(i) for i in range(len(leases))]
 
 
+def test_the_last_message_left_to_reserve_is_taken_too(two):
+    keeper, (a, b), (_, client_b) = two
+    client_b.admin("channel", "empty", "events", "spark")
+    client_b.publish("events", b"x")
+    leases = keeper.reserve(1, 5, 1 << 20, None)          # b first: 1 of its share of 3
+    assert per_broker(leases) == {a: 4, b: 1}
+
+
 def test_the_broker_asked_first_turns_with_each_batch(two):
     keeper, (a, b), _ = two
     first = keeper.reserve(1, 5, 1 << 20, None)
