@@ -99,11 +99,17 @@ class Raw:
         assert self.frame() == (0, b"OK")
 
     def error_then_closed(self) -> bytes:
+        """The error frame, then the broker's close (an EOF, a reset or a TLS close);
+        a socket timeout is no close and fails the test."""
         kind, data = self.frame()
         assert kind == 1, data
-        with pytest.raises((ConnectionError, OSError)):
-            self.frame()
-        return data
+        try:
+            extra = self.frame()
+        except TimeoutError:
+            pytest.fail(f"the broker did not close the connection after {data!r}")
+        except (ConnectionError, OSError):
+            return data
+        pytest.fail(f"a frame after the error {data!r}: {extra!r}")
 
 
 def http(broker, path: str, secret: str | None = None, body: bytes | None = None,

@@ -239,6 +239,25 @@ def test_an_mpub_is_cut_before_its_bodies_pass_the_request_limit(broker, client)
     assert channel_stats(client, "big", "all").depth == 5
 
 
+def test_a_replayed_partition_publishes_nothing_twice_and_keeps_each_rows_ttl(broker, client):
+    client.create_channel("lines", "all")
+    for _ in range(2):                      # the same partition, written twice
+        p = PartitionPublisher(broker.address, "lines", "q:w:7:0", 2, "partition 0")
+        try:
+            p.add(b"a", ttl_ms=1)
+            p.add(b"b")
+            p.add(b"c")
+            assert p.finish() == 3
+        finally:
+            p.close()
+    stats = channel_stats(client, "lines", "all")
+    assert stats.message_count == 3
+    with client.subscribe("lines", "all", rdy=10) as sub:     # "a" has expired by now
+        got = sorted(sub.get(10).body for _ in range(2))
+    assert got == [b"b", b"c"]
+    assert channel_stats(client, "lines", "all").expired_count == 1
+
+
 @pytest.mark.parametrize("row, message", [
     ({"body": None}, "batch partition 4, row 1: column 'body' is null"),
     ({"body": b""}, "batch partition 4, row 1: column 'body' is empty"),

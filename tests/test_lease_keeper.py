@@ -1,5 +1,6 @@
 """The source's driver half without Spark: how ``latestOffset`` spreads a batch over
-several brokers, and which leases a commit FINs. Real brokers on loopback."""
+several brokers, what its offsets name, and which leases a commit FINs, called as
+Spark's driver calls them. Real brokers on loopback."""
 
 from __future__ import annotations
 
@@ -47,6 +48,14 @@ def test_each_broker_is_offered_an_equal_share_first_then_what_the_others_left(t
     assert per_broker(leases) == {a: 50, b: 10}
     assert sum(lease["count"] for lease in leases.values()) == 60
     assert sorted(leases) == [str(i) for i in range(len(leases))]
+
+
+def test_the_last_message_left_to_reserve_is_taken_too(two):
+    keeper, (a, b), (_, client_b) = two
+    client_b.admin("channel", "empty", "events", "spark")
+    client_b.publish("events", b"x")
+    leases = keeper.reserve(1, 5, 1 << 20, None)          # b first: 1 of its share of 3
+    assert per_broker(leases) == {a: 4, b: 1}
 
 
 def test_the_broker_asked_first_turns_with_each_batch(two):
@@ -111,3 +120,62 @@ def test_a_commit_fins_the_leases_its_offset_names_even_if_this_run_did_not_plan
     finally:
         restarted.close()
         planner.close()
+
+
+# -- the stream reader's offsets, called as Spark's driver calls them -------------------
+
+def test_the_readers_offsets_name_each_batchs_leases_and_a_commit_fins_them(broker, client):
+    from pyspark.sql.streaming.datasource import ReadMaxBytes, ReadMaxRows
+
+    from spark_connector.fetch import fetch_slice
+    from spark_connector.reader import PynsqStreamReader
+
+    client.create_channel("events", "spark")
+    ids = client.multi_publish("events", [b"0123456789"] * 25)
+    reader = PynsqStreamReader({"address": broker.address, "topic": "events",
+                                "channel": "spark", "numPartitions": "3",
+                                "timeoutMs": "5000", "maxMessagesPerTrigger": "10"})
+    try:
+        start = reader.initialOffset()
+        assert start == {"batch": 0, "leases": {}}
+        assert reader.getDefaultReadLimit().max_rows == 10
+        assert reader.reportLatestOffset() == {"depth": 25}
+        first = reader.latestOffset(start, ReadMaxRows(20))
+        assert (first["batch"], [lease["count"] for lease in first["leases"].values()]) == (1, [20])
+        assert reader.latestOffset(start, ReadMaxRows(20)) == first   # planned: the same
+        parts = reader.partitions(start, first)
+        assert [(p.partition, p.num_partitions, p.timeout_s) for p in parts] == [
+            (0, 3, 5.0), (1, 3, 5.0), (2, 3, 5.0)]
+        read = [i for p in parts for b in fetch_slice(p) for i in b.column(0).to_pylist()]
+        assert sorted(read) == sorted(ids[:20])
+        second = reader.latestOffset(first, ReadMaxBytes(30))       # 3 bodies of 10 bytes
+        assert (second["batch"], second["leases"]["0"]["count"]) == (2, 3)
+        reader.commit(first)
+        stats = channel_stats(client, "events", "spark")
+        assert (stats.finish_count, stats.in_flight_count, stats.depth) == (20, 3, 2)
+        third = reader.latestOffset(second, reader.getDefaultReadLimit())   # FINs batch 2
+        assert (third["batch"], third["leases"]["0"]["count"]) == (3, 2)
+        assert channel_stats(client, "events", "spark").finish_count == 23
+        reader.commit(third)
+        assert reader.latestOffset(third, ReadMaxRows(10)) == third  # nothing new: no batch
+        assert reader.partitions(third, third) == []
+        assert channel_stats(client, "events", "spark").finish_count == 25
+    finally:
+        reader.stop()
+
+
+def test_a_stopped_reader_gives_back_the_leases_of_batches_not_known_committed(broker, client):
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from spark_connector.reader import PynsqStreamReader
+
+    client.create_channel("events", "spark")
+    client.multi_publish("events", [b"m"] * 10)
+    reader = PynsqStreamReader({"address": broker.address, "topic": "events",
+                                "channel": "spark"})
+    first = reader.latestOffset(reader.initialOffset(), ReadMaxRows(4))
+    reader.latestOffset(first, ReadMaxRows(4))
+    reader.commit(first)
+    reader.stop()
+    stats = channel_stats(client, "events", "spark")
+    assert (stats.finish_count, stats.in_flight_count, stats.depth) == (4, 0, 6)
