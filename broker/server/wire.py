@@ -96,7 +96,7 @@ def read_line(buf: bytes | bytearray, pos: int) -> tuple[list[bytes], int]:
 
 def read_fins(buf: bytes | bytearray, pos: int) -> tuple[list[str], int]:
     """The ids of the FIN lines at ``pos`` in their usual form (``FIN <16 hex>\\n``,
-    as many as follow one another) and where the next thing starts. None (and
+    as many as follow one another) and where the next thing starts. No ids (and
     ``pos``) when something else comes first: ``read_line`` reads that, a FIN in
     another form included. A consumer FINs every message, so this is the one
     command read without splitting a line."""
