@@ -8,10 +8,11 @@ so nothing a consumer saw loses its count.
 With a ``fetch`` (a running broker), a run is read ahead of the cursor off the
 event loop, ``READ_AHEAD`` messages at a time: what was read goes in memory
 ahead of the run when the run comes up, and the next ones are asked for at
-once (so at most twice ``READ_AHEAD`` are in memory on top of ``limit``). ``popleft`` never waits for the disk: while the next
-messages are being read it returns None, and ``wake`` is called when they
-arrive. ``popleft(wait=False)`` reads the next one at once instead (a lease must
-not come back empty while messages wait).
+once (so at most twice ``READ_AHEAD`` are in memory on top of ``limit``).
+``popleft`` never waits for the disk: while the next messages are being read
+it returns None, and ``wake`` is called when they arrive. ``popleft(wait=False)``
+reads the next one at once instead (a lease must not come back empty while
+messages wait).
 """
 
 from __future__ import annotations
@@ -47,22 +48,21 @@ class OnDisk:
 
     def pop(self) -> int:
         loc = self.locs[self.start]
-        self.start += 1
-        if self.start > 4096 and self.start * 2 > len(self.locs):
-            del self.locs[:self.start]
-            self.base += self.start
-            self.start = 0
+        self._advance(1)
         return loc
 
     def take(self, count: int) -> array:
         """The next ``count`` locations, taken off the run."""
         taken = self.locs[self.start:self.start + count]
+        self._advance(count)
+        return taken
+
+    def _advance(self, count: int) -> None:
         self.start += count
         if self.start > 4096 and self.start * 2 > len(self.locs):
             del self.locs[:self.start]
             self.base += self.start
             self.start = 0
-        return taken
 
     def remaining(self) -> array:
         return self.locs[self.start:]
