@@ -7,11 +7,12 @@ so nothing a consumer saw loses its count.
 
 With a ``fetch`` (a running broker), a run is read ahead of the cursor off the
 event loop, ``READ_AHEAD`` messages at a time: what was read goes in memory
-ahead of the run when the run comes up, and the next ones are asked for once
-half of those are gone. ``popleft`` never waits for the disk: while the next
-messages are being read it returns None, and ``wake`` is called when they
-arrive. ``popleft(wait=False)`` reads the next one at once instead (a lease must
-not come back empty while messages wait).
+ahead of the run when the run comes up, and the next ones are asked for at
+once (so at most twice ``READ_AHEAD`` are in memory on top of ``limit``).
+``popleft`` never waits for the disk: while the next messages are being read
+it returns None, and ``wake`` is called when they arrive. ``popleft(wait=False)``
+reads the next one at once instead (a lease must not come back empty while
+messages wait).
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ from typing import Callable, Iterable, Iterator
 
 from .message import Message
 
-# Messages of a run read ahead of the cursor, at most; more are asked for once
-# fewer than half are left.
+# Messages of a run read from disk at once, ahead of the cursor.
 READ_AHEAD = 1024
 
 
@@ -48,12 +48,21 @@ class OnDisk:
 
     def pop(self) -> int:
         loc = self.locs[self.start]
-        self.start += 1
+        self._advance(1)
+        return loc
+
+    def take(self, count: int) -> array:
+        """The next ``count`` locations, taken off the run."""
+        taken = self.locs[self.start:self.start + count]
+        self._advance(count)
+        return taken
+
+    def _advance(self, count: int) -> None:
+        self.start += count
         if self.start > 4096 and self.start * 2 > len(self.locs):
             del self.locs[:self.start]
             self.base += self.start
             self.start = 0
-        return loc
 
     def remaining(self) -> array:
         return self.locs[self.start:]
@@ -76,10 +85,6 @@ class Backlog:
         self._items: deque[Entry] = deque()
         self._len = 0
         self._in_memory = 0
-        # The run read from last, and how many of its messages taken in memory are
-        # to go before its next ones are asked for.
-        self._reading_run: OnDisk | None = None
-        self._countdown = 0
 
     def __len__(self) -> int:
         return self._len
@@ -138,10 +143,6 @@ class Backlog:
                 items.popleft()
                 self._in_memory -= 1
                 self._len -= 1
-                if self._countdown:
-                    self._countdown -= 1
-                    if not self._countdown and self._reading_run is not None:
-                        self._read_ahead(self._reading_run)
                 return head
             if not head:
                 items.popleft()
@@ -168,23 +169,20 @@ class Backlog:
     def _take_in(self, run: OnDisk) -> None:
         """Put what was read ahead of ``run`` (now the head) in memory before it."""
         loaded, run.loaded = run.loaded, deque()
-        msgs: list[Message] = []
-        for msg in loaded:
-            loc = run.pop()
-            if msg is None:  # failed its check: read again, the loader logs a loss
-                msg = self._load(loc)
-                if msg is None:
-                    self._len -= 1
-                    continue
-            msgs.append(msg)
+        locs = run.take(len(loaded))
+        msgs: list[Message] | deque[Message | None] = loaded
+        if None in loaded:  # failed its check: read again, the loader logs a loss
+            msgs = [m if m is not None else self._load(loc) for m, loc in zip(loaded, locs)]
+            msgs = [m for m in msgs if m is not None]
+            self._len -= len(loaded) - len(msgs)
         items = self._items
         items.extendleft(reversed(msgs))
         self._in_memory += len(msgs)
         if not run:
             del items[len(msgs)]
             run.gone = True
-        else:  # ask for the next ones once half of these are gone
-            self._reading_run, self._countdown = run, max(1, len(msgs) // 2)
+        else:  # the next ones are read while these go
+            self._read_ahead(run)
 
     def _read_ahead(self, run: OnDisk) -> None:
         """Ask for the next messages of ``run`` (after those read or being read)."""

@@ -176,11 +176,13 @@ class TopicLog:
                 rel = loc - block_loc
                 # The common case: a PUB with no expiry, whole in the block read.
                 if 0 <= rel and rel + body_at <= size:
-                    magic, kind, length, crc, msg_id, ts, _, flags = unpack(block, rel)
+                    magic, kind, length, crc, _, ts, _, flags = unpack(block, rel)
                     stop = rel + header + length
                     if (magic == magic_ok and kind == pub and flags & EXPIRES == flags_ok
                             and stop <= size and crc32(block[rel + header:stop], seed) == crc):
-                        msg = Message(f"{msg_id:016x}", block[rel + body_at:stop], ts)
+                        # The id's 8 bytes in hex are the message's id.
+                        msg = Message(block[rel + header:rel + header + 8].hex(),
+                                      block[rel + body_at:stop], ts)
                         msg.loc = loc
                         out.append(msg)
                         continue

@@ -18,9 +18,13 @@ data path as it was.
 
 Writes: a PUB is written with ``write(2)`` before the reply, together with
 every record queued before it (one ordered buffer per topic, so nothing is
-reordered); other records are written at the end of the event-loop pass. fsync,
+reordered); other records are written at the end of the event-loop pass (a
+channel's FINs and delivery counts of a pass in one record each). fsync,
 closing rolled files and deletes run in one storage thread, every
-``--sync-every`` messages or ``--sync-timeout``. A write that fails is cut
+``--sync-every`` messages or ``--sync-timeout``; the first sync after a start
+also fsyncs every file found (what a killed broker wrote but never fsynced).
+Messages that wait on disk only are read back in a reader thread of their own,
+ahead of their channel's cursor (``Backlog``). A write that fails is cut
 back off the file and the publisher gets ``StorageFailed``; after a failed
 fsync every publish is refused until a sync succeeds.
 """
