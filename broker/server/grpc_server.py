@@ -351,9 +351,15 @@ class BrokerService(pb_grpc.BrokerServicer):
             reservation = self.broker.begin_reserve(
                 request.session_id, request.topic, request.channel, request.max_messages,
                 request.msg_timeout_ms, request.max_bytes)
-            # Bounded steps, the loop served between them (a large reserve reads from disk).
-            while self.broker.reserve_step(reservation):
-                await asyncio.sleep(0)
+            try:
+                # Bounded steps, the loop served between them (a large reserve reads from disk).
+                while not reservation.done:
+                    await asyncio.sleep(0)
+                    self.broker.reserve_step(reservation)
+            except asyncio.CancelledError:
+                # The caller is gone and never learns the lease id: give its messages back.
+                self.broker.requeue_leases([reservation.lease.lease_id])
+                raise
             lease, depth = self.broker.reserve_result(reservation)
         except BrokerError as err:
             await abort(context, err)
