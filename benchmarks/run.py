@@ -54,6 +54,8 @@ def spark_rows(sizes: dict) -> list[dict]:
     return [
         row("Spark pynsq -> noop (availableNow)", r["pynsq_rows_per_s"], "rows/s",
             r["memory_rows_per_s"], "ratio >= 0.8 (÷ in-memory Python source)"),
+        row("Spark pynsq -> noop, one micro-batch", r["one_batch_rows_per_s"], "rows/s",
+            r["memory_rows_per_s"], "what the default read limit's batches cost"),
         row("Spark rate-micro-batch -> noop (reference)", rate, "rows/s",
             r["memory_rows_per_s"], "reference"),
         row("Spark pub_to_topic (foreachBatch) (÷ noop)", w["pub_to_topic_rows_per_s"], "rows/s",

@@ -103,27 +103,33 @@ def run(spark, messages: int, partitions: int) -> dict:
         return (spark.readStream.format("pynsq_bench_memory").option("rows", rows)
                 .option("partitions", partitions).load())
 
-    proc, address = start_pynsqd("--msg-timeout", "15m", "--mem-queue-size", str(messages))
+    proc, address = start_pynsqd("--msg-timeout", "15m",
+                                 "--mem-queue-size", str(2 * messages))
     try:
         client = Client(address)
 
-        def pynsq(topic: str, count: int):
+        def pynsq(topic: str, count: int, **options):
             client.admin("channel", "create", topic, "spark")
             for start in range(0, count, 5000):
                 client.multi_publish(topic, [BODY] * min(5000, count - start))
             return (spark.readStream.format("pynsq").option("address", address)
                     .option("topic", topic).option("channel", "spark")
-                    .option("numPartitions", partitions).load())
+                    .option("numPartitions", partitions).options(**options).load())
 
         timed_available_now(pynsq("warmup", WARM_UP_ROWS))
         timed_available_now(memory(WARM_UP_ROWS))
         pynsq_s, pynsq_rows = timed_available_now(pynsq("bench", messages))
+        # The same read in one micro-batch, as the memory source does: what the
+        # default read limit's batches cost.
+        one_s, one_rows = timed_available_now(pynsq(
+            "bench1", messages, maxMessagesPerTrigger=messages, maxBytesPerTrigger=1 << 30))
         client.close()
     finally:
         stop(proc)
     memory_s, memory_rows = timed_available_now(memory(messages))
     pynsq_rate, memory_rate = pynsq_rows / pynsq_s, memory_rows / memory_s
     return {"messages": messages, "pynsq_rows": pynsq_rows, "pynsq_rows_per_s": round(pynsq_rate),
+            "one_batch_rows": one_rows, "one_batch_rows_per_s": round(one_rows / one_s),
             "memory_rows": memory_rows, "memory_rows_per_s": round(memory_rate),
             "ratio": round(pynsq_rate / memory_rate, 3)}
 

@@ -24,7 +24,8 @@ def test_quick_benchmark_prints_and_writes_the_table(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     figures = [r["figure"] for r in rows]
     expected = ["gRPC MPUB", "gRPC consume", "TCP V2 MPUB", "TCP V2 consume",
-                "Spark pynsq -> noop", "Spark pub_to_topic", "Spark format(\"pynsq\") sink",
+                "Spark pynsq -> noop", "Spark pynsq -> noop, one", "Spark pub_to_topic",
+                "Spark format(\"pynsq\") sink",
                 "latency p99", "broker RSS", "durable publish",
                 "TLS: gRPC MPUB", "scaling: 1 channel", "scaling: 1000 consumers"]
     if nsq_bench.nsq_bin() is not None:
