@@ -151,11 +151,12 @@ class Backlog:
             if head.loaded:
                 self._take_in(head)
                 continue
-            if not head.sync and self._fetch is not None:
+            if wait and not head.sync and self._fetch is not None:
                 self._read_ahead(head)
-                if wait and not head.sync:
+                if not head.sync:
                     return None
-            # Read on the spot: no reading ahead, or it failed, or a lease is waiting.
+            # Read on the spot: no reading ahead, or it failed, or a lease is waiting
+            # (a read under way for these positions is then read again).
             loc = head.pop()
             self._len -= 1
             if not head:

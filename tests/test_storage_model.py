@@ -47,7 +47,7 @@ from broker.storage.store import SCAN_BLOCK
 from .corekit import Recorder
 from .faultfs import FaultyFiles
 
-EXAMPLES = int(os.environ.get("PYNSQ_MODEL_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("PYNSQ_MODEL_EXAMPLES", "150"))
 TOPICS = ["a", "b", "e#ephemeral"]
 CHANNELS = ["x", "y", "z#ephemeral"]
 MSG_TIMEOUT = 60.0

@@ -9,6 +9,7 @@ late: after the messages they read moved in the log, or after a lease took them.
 from __future__ import annotations
 
 import asyncio
+import errno
 import threading
 
 from broker import Broker, Options
@@ -88,6 +89,30 @@ def test_spilled_messages_are_read_off_the_event_loop_and_delivered_in_order(tmp
     assert all(m.attempts == 1 for m in received)
     assert files.read_threads, "the spilled messages were read back"
     assert set(files.read_threads) == {"pynsq-read_0"}, "no read on the event loop"
+
+
+def test_a_read_ahead_that_fails_loses_nothing_and_delivery_goes_on(tmp_path, monkeypatch):
+    files = FaultyFiles()
+    monkeypatch.setattr(fileops, "current", files)
+
+    async def run() -> tuple[list, list]:
+        broker = start(tmp_path, mem_queue_size=10)
+        consumer = Recorder(broker)
+        ch = broker.subscribe(consumer, "events", "work")
+        ids = broker.multi_publish("events", [f"m{i}".encode() for i in range(500)])
+        files.fail("pread", errno.EIO, times=1)   # the reader thread's first read
+        ch.set_rdy(consumer, 100)
+        for _ in range(5000):
+            consumer.fin_all()
+            if len(consumer.received) == len(ids):
+                break
+            await asyncio.sleep(0.001)
+        broker.storage.close()
+        return ids, consumer.ids
+
+    ids, got = asyncio.run(run())
+    assert files.failures == 1
+    assert got == ids
 
 
 def test_a_channel_waits_for_its_next_messages_and_gets_them_when_they_arrive(tmp_path):

@@ -349,7 +349,7 @@ class DiskStore(Store):
 
         def arrived(future: Future) -> None:
             err = future.exception()
-            if err is not None:
+            if err is not None and not isinstance(err, FileNotFoundError):  # else: deleted
                 log.warning("%s: reading messages waiting on disk failed: %s (read one by "
                             "one from now on)", topic_log.dir, err)
             done(None if err is not None else future.result())
