@@ -19,7 +19,8 @@ as it stood at the last completed sync.
 A long run (``PYNSQ_MODEL_EXAMPLES=1000``, about three minutes here) found that
 a broker restarted after a kill never fsynced what the killed one had written:
 a power loss after the new broker's next sync lost it. The first sync after a
-start now fsyncs every file found.
+start now fsyncs every file found; 10,000 sequences (about twelve minutes)
+then passed.
 
 ``PYNSQ_MODEL_EXAMPLES`` sets how many sequences to try (default: a quick run).
 """
