@@ -64,6 +64,12 @@ class FaultyFiles(Files):
         raise OSError(err, os.strerror(err))
 
     # -- power loss ------------------------------------------------------------
+    def unsynced_bytes(self, root: str | Path) -> int:
+        """Bytes of the log files under ``root`` that a power loss would take now."""
+        with self._lock:
+            return sum(max(0, p.stat().st_size - self._synced.get(str(p), 0))
+                       for p in Path(root).rglob("*.log"))
+
     def power_loss(self, root: str | Path) -> None:
         """Cut every log file under ``root`` back to what was fsynced (a file
         never fsynced keeps nothing)."""

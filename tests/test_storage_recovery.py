@@ -16,6 +16,7 @@ from broker.storage import DiskStore, fileops, records
 
 from .corekit import Recorder, advance
 from .faultfs import FaultyFiles
+from .helpers import wait_for
 
 
 def start(path, clock: ManualClock, **options) -> Broker:
@@ -296,6 +297,26 @@ def test_after_a_power_loss_everything_fsynced_is_back(tmp_path, monkeypatch):
     broker = start(tmp_path, clock)
     back = drain(broker, "events", "work")
     assert set(synced) <= set(back) <= set(synced) | set(unsynced)
+
+
+def test_sync_every_messages_start_an_fsync_and_a_power_loss_then_keeps_them(tmp_path,
+                                                                            monkeypatch):
+    files = FaultyFiles()
+    monkeypatch.setattr(fileops, "current", files)
+    broker = start(tmp_path, ManualClock(), sync_every=100, sync_timeout=3_600_000)
+    broker.create_channel("events", "work")
+    broker.storage.wait_synced()
+    first = broker.multi_publish("events", [f"a{i}".encode() for i in range(99)])
+    broker.storage.tick()                      # 99 of 100, and the timeout is an hour away
+    assert files.unsynced_bytes(tmp_path) > 0
+    last = broker.publish("events", b"a99")
+    broker.storage.tick()                      # the 100th: an fsync starts, in its thread
+    wait_for(lambda: files.unsynced_bytes(tmp_path) == 0, 30,
+             message="the fsync that --sync-every starts")
+    broker.storage.abandon()
+    files.power_loss(tmp_path)
+    broker = start(tmp_path, ManualClock())
+    assert set(drain(broker, "events", "work")) == {*first, last}
 
 
 def test_what_a_killed_broker_never_fsynced_is_fsynced_by_the_next_one(tmp_path, monkeypatch):
