@@ -294,12 +294,15 @@ class LeaseKeeper:
         return self._each_broker(list(self._sessions), lambda s: s.depth(), "stats")
 
     def latest_depths(self) -> dict[str, int]:
-        """Each broker's depth now: what the last ``reserve`` answers said when it asked
-        every broker (a reserve's answer carries the depth it left behind), else Stats."""
-        fresh = self._reserved_depths
-        if fresh is not None and set(fresh) >= set(self._sessions):
-            return {a: fresh[a] for a in self._sessions}
-        return self.depths()
+        """Each broker's depth now: what the last ``reserve``'s answer from it said (a
+        reserve's answer carries the depth it left behind), else asked with Stats."""
+        fresh = self._reserved_depths or {}
+        asked = [a for a in self._sessions if a not in fresh]
+        if asked:
+            self.ensure_channel(asked)
+        depths = self._each_broker(asked, lambda s: s.depth(), "stats")
+        return {a: fresh[a] if a in fresh else depths[a]
+                for a in self._sessions if a in fresh or a in depths}
 
     def planned(self, batch: int) -> dict | None:
         """The offset of ``batch`` if it was reserved and not finished yet."""

@@ -248,3 +248,25 @@ def test_a_committed_batch_is_fined_once_though_the_next_trigger_names_it_again(
         assert (stats.finish_count, stats.in_flight_count, stats.depth) == (20, 0, 0)
     finally:
         reader.stop()
+
+
+def test_the_depth_of_a_broker_the_trigger_did_not_reserve_from_is_asked_for(two):
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from spark_connector.reader import PynsqStreamReader
+
+    keeper, (a, b), (client_a, client_b) = two
+    reader = PynsqStreamReader({"address": f"{a},{b}", "topic": "events",
+                                "channel": "spark", "timeoutMs": "5000"})
+    try:
+        start = reader.initialOffset()
+        client_b.admin("channel", "empty", "events", "spark")
+        reader.prepareForTriggerAvailableNow()     # availableNow: nothing to read from b
+        client_b.multi_publish("events", [b"x"] * 7)
+        stats_a, stats_b = calls_of(reader, a, "stats"), calls_of(reader, b, "stats")
+        first = reader.latestOffset(start, ReadMaxRows(30))
+        assert per_broker(first["leases"]) == {a: 30}
+        assert reader.reportLatestOffset() == {"depth": 70 + 7}
+        assert (len(stats_a), len(stats_b)) == (0, 1)
+    finally:
+        reader.stop()
