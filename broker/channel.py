@@ -159,8 +159,9 @@ class Channel:
         ready = self._ready
         taken: list[Message] = []
         size = 0
+        now_ns = self._clock.wall_ns()
         while len(taken) < limit:
-            msg = self._next_ready(wait=False)
+            msg = self._next_ready(wait=False, now_ns=now_ns)
             if msg is None:
                 break
             if max_bytes and (taken or not at_least_one) and size + len(msg.body) > max_bytes:
@@ -394,7 +395,7 @@ class Channel:
                      for c in self._consumers],
             e2e_processing_latency=self.latency.percentiles(),
             on_disk_count=len(self._ready) - self._ready.in_memory,
-            disk_bytes=self._store.pinned_bytes(self, self._oldest_location()))
+            disk_bytes=self._store.pinned_bytes(self, self._oldest_location))
 
     def copies(self) -> Iterator[tuple[int, int, float]]:
         """(log location, attempts, deferred until or 0) of every durable message here."""

@@ -104,7 +104,7 @@ class Reservation:
         limit = min(self.messages_left, RESERVE_STEP_MESSAGES)
         cap = min(self.step_bytes, self.bytes_left) if self.max_bytes else self.step_bytes
         took = self.channel.take(self.lease, limit, cap, at_least_one=first)
-        size = sum(len(m.body) for m in took)
+        size = sum([len(m.body) for m in took])
         self.lease.order.extend(took)
         self.messages_left -= len(took)
         self.bytes += size

@@ -145,7 +145,7 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def reportLatestOffset(self) -> dict | None:
         try:
-            return {"depth": sum(self.keeper.depths().values())}
+            return {"depth": sum(self.keeper.latest_depths().values())}
         except BrokerUnreachable:
             return None
 

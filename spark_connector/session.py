@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from typing import Callable, Iterable
 
 from broker.client import BrokerUnavailable, Client, ClientError, LeaseSession
@@ -32,6 +33,11 @@ from .discovery import DiscoveryError, Fleet
 from .options import ReaderOptions
 
 log = logging.getLogger("pynsq.spark")
+
+
+# How many FINed lease ids a keeper remembers, to not FIN them again (a few batches'
+# worth: Spark names a batch again only in the trigger right after its commit).
+REMEMBERED_FINS = 1024
 
 
 class BrokerUnreachable(ConnectionError):
@@ -153,7 +159,7 @@ class _BrokerSession:
             # The session ended (the broker restarted): open a new one and retry.
             self.open()
             reply = call()
-        return reply.lease_id, reply.count, reply.bytes
+        return reply.lease_id, reply.count, reply.bytes, reply.depth
 
     def adopt(self, lease_ids: list[str]) -> tuple[int, list[str]]:
         reply = self.client.adopt_leases(self.session.session_id, lease_ids)
@@ -185,9 +191,15 @@ class LeaseKeeper:
         self._sessions: dict[str, _BrokerSession] = {}
         self._open: dict[int, dict[str, dict]] = {}  # batch -> leases of its offset
         self._unfinished: dict[str, set[str]] = {}  # address -> leases whose FIN failed
+        # Leases this keeper FINed (the last few): Spark's ``commit(end)`` and the next
+        # ``latestOffset(start=end)`` name the same batch; its FIN is sent once.
+        self._finished: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.RLock()
         self._closed = threading.Event()
         self._turn = 0  # which broker reserve asks first
+        # address -> the channel's depth the last reserve's answer gave (None: no reserve
+        # since the last plan, so no fresh figure): spares a Stats call per trigger.
+        self._reserved_depths: dict[str, int] | None = None
         self._option = "lookupdHttpAddress" if options.lookupd_addresses else "address"
         self._fleet = (Fleet(options.lookupd_addresses, options.topic,
                              poll_interval=options.lookupd_poll_interval_ms / 1000,
@@ -281,8 +293,20 @@ class LeaseKeeper:
         self.ensure_channel()
         return self._each_broker(list(self._sessions), lambda s: s.depth(), "stats")
 
+    def latest_depths(self) -> dict[str, int]:
+        """Each broker's depth now: what the last ``reserve``'s answer from it said (a
+        reserve's answer carries the depth it left behind), else asked with Stats."""
+        fresh = self._reserved_depths or {}
+        asked = [a for a in self._sessions if a not in fresh]
+        if asked:
+            self.ensure_channel(asked)
+        depths = self._each_broker(asked, lambda s: s.depth(), "stats")
+        return {a: fresh[a] if a in fresh else depths[a]
+                for a in self._sessions if a in fresh or a in depths}
+
     def planned(self, batch: int) -> dict | None:
         """The offset of ``batch`` if it was reserved and not finished yet."""
+        self._reserved_depths = None  # a new plan: depths from an earlier reserve are stale
         with self._lock:
             leases = self._open.get(batch)
         return {"batch": batch, "leases": leases} if leases else None
@@ -299,6 +323,7 @@ class LeaseKeeper:
         self._turn = (self._turn + 1) % max(1, len(addresses))
         addresses = addresses[self._turn:] + addresses[:self._turn]
         leases: dict[str, dict] = {}
+        depths: dict[str, int] = {}
         left, bytes_left = wanted, max_bytes
         share = -(-wanted // max(1, len(addresses)))
         byte_share = -(-max_bytes // max(1, len(addresses)))
@@ -314,7 +339,9 @@ class LeaseKeeper:
                 byte_budget = min(bytes_left, byte_share) if first_pass else bytes_left
                 got = self._each_broker([address], lambda s: s.reserve(budget, byte_budget),
                                         "reserve")
-                lease_id, count, size = got.get(address, ("", 0, 0))
+                if address not in got:
+                    continue
+                lease_id, count, size, depths[address] = got[address]
                 if not lease_id:
                     continue
                 leases[str(len(leases))] = {"address": address, "lease": lease_id,
@@ -323,6 +350,7 @@ class LeaseKeeper:
                 bytes_left -= size
                 if target is not None:
                     target[address] -= count
+        self._reserved_depths = depths
         if leases:
             with self._lock:
                 self._open[batch] = leases
@@ -365,7 +393,8 @@ class LeaseKeeper:
         with self._lock:
             done = [b for b in self._open if b <= batch]
             groups = [self._open.pop(b) for b in done]
-            groups.append(offset_leases or {})
+            groups.append({k: lease for k, lease in (offset_leases or {}).items()
+                           if lease["lease"] not in self._finished})
             by_address = self._unfinished
             self._unfinished = {}
             for leases in groups:
@@ -378,8 +407,13 @@ class LeaseKeeper:
             may_fail_query=False)
         with self._lock:
             for address, ids in by_address.items():
-                if address not in finished and address in self._sessions:
+                if address in finished:
+                    # FINed, or unknown to the broker (a FIN sent again would not change it).
+                    self._finished.update(dict.fromkeys(sorted(ids)))
+                elif address in self._sessions:
                     self._unfinished.setdefault(address, set()).update(ids)
+            while len(self._finished) > REMEMBERED_FINS:
+                self._finished.popitem(last=False)
 
     def requeue_open(self) -> None:
         """Give back the leases of batches not known committed (the query stops)."""

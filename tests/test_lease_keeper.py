@@ -179,3 +179,94 @@ def test_a_stopped_reader_gives_back_the_leases_of_batches_not_known_committed(b
     reader.stop()
     stats = channel_stats(client, "events", "spark")
     assert (stats.finish_count, stats.in_flight_count, stats.depth) == (4, 0, 6)
+
+
+# -- what a trigger asks of the broker ---------------------------------------------------
+
+def calls_of(reader, address: str, method: str) -> list[tuple]:
+    """Record the arguments of every ``method`` call the reader's client of ``address``
+    makes from now on (the real call still goes to the broker)."""
+    client = reader.keeper._sessions[address].client
+    real, seen = getattr(client, method), []
+
+    def counted(*args, **kwargs):
+        seen.append(args)
+        return real(*args, **kwargs)
+
+    setattr(client, method, counted)
+    return seen
+
+
+def test_a_trigger_reports_the_depth_its_reserve_left_without_a_stats_call(broker, client):
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from spark_connector.reader import PynsqStreamReader
+
+    client.create_channel("events", "spark")
+    client.multi_publish("events", [b"m"] * 25)
+    reader = PynsqStreamReader({"address": broker.address, "topic": "events",
+                                "channel": "spark", "timeoutMs": "5000"})
+    try:
+        start = reader.initialOffset()
+        stats_calls = calls_of(reader, broker.address, "stats")
+        first = reader.latestOffset(start, ReadMaxRows(10))
+        assert reader.reportLatestOffset() == {"depth": 15}
+        assert stats_calls == []
+        # A trigger that plans nothing new (the batch was reserved already) asks the
+        # broker: what was published since counts.
+        client.multi_publish("events", [b"m"] * 5)
+        assert reader.latestOffset(start, ReadMaxRows(10)) == first
+        assert reader.reportLatestOffset() == {"depth": 20}
+        assert len(stats_calls) == 1
+        reader.latestOffset(first, ReadMaxRows(30))
+        assert reader.reportLatestOffset() == {"depth": 0}
+        assert len(stats_calls) == 1
+    finally:
+        reader.stop()
+
+
+def test_a_committed_batch_is_fined_once_though_the_next_trigger_names_it_again(
+        broker, client):
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from spark_connector.reader import PynsqStreamReader
+
+    client.create_channel("events", "spark")
+    client.multi_publish("events", [b"m"] * 20)
+    reader = PynsqStreamReader({"address": broker.address, "topic": "events",
+                                "channel": "spark", "timeoutMs": "5000"})
+    try:
+        first = reader.latestOffset(reader.initialOffset(), ReadMaxRows(10))
+        fins = calls_of(reader, broker.address, "finish_leases")
+        reader.commit(first)
+        second = reader.latestOffset(first, ReadMaxRows(10))   # Spark names batch 1 again
+        lease = first["leases"]["0"]["lease"]
+        assert [ids for (ids,) in fins if lease in ids] == [[lease]]
+        assert second["batch"] == 2
+        reader.commit(second)
+        stats = channel_stats(client, "events", "spark")
+        assert (stats.finish_count, stats.in_flight_count, stats.depth) == (20, 0, 0)
+    finally:
+        reader.stop()
+
+
+def test_the_depth_of_a_broker_the_trigger_did_not_reserve_from_is_asked_for(two):
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from spark_connector.reader import PynsqStreamReader
+
+    keeper, (a, b), (client_a, client_b) = two
+    reader = PynsqStreamReader({"address": f"{a},{b}", "topic": "events",
+                                "channel": "spark", "timeoutMs": "5000"})
+    try:
+        start = reader.initialOffset()
+        client_b.admin("channel", "empty", "events", "spark")
+        reader.prepareForTriggerAvailableNow()     # availableNow: nothing to read from b
+        client_b.multi_publish("events", [b"x"] * 7)
+        stats_a, stats_b = calls_of(reader, a, "stats"), calls_of(reader, b, "stats")
+        first = reader.latestOffset(start, ReadMaxRows(30))
+        assert per_broker(first["leases"]) == {a: 30}
+        assert reader.reportLatestOffset() == {"depth": 70 + 7}
+        assert (len(stats_a), len(stats_b)) == (0, 1)
+    finally:
+        reader.stop()

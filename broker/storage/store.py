@@ -118,8 +118,9 @@ class Store:
         """Bytes of the topic's files on disk."""
         return 0
 
-    def pinned_bytes(self, channel: "Channel", oldest: int) -> int:
-        """Bytes on disk kept for ``channel``, whose oldest message is at ``oldest``."""
+    def pinned_bytes(self, channel: "Channel", oldest: Callable[[], int]) -> int:
+        """Bytes on disk kept for ``channel``, whose oldest message is at ``oldest()``
+        (called only by a store that logs the channel's topic: it walks the channel)."""
         return 0
 
 
@@ -418,9 +419,12 @@ class DiskStore(Store):
         topic_log = self.logs.get(topic.name)
         return topic_log.disk_bytes if topic_log is not None else 0
 
-    def pinned_bytes(self, channel: "Channel", oldest: int) -> int:
+    def pinned_bytes(self, channel: "Channel", oldest: Callable[[], int]) -> int:
         topic_log = self.logs.get(channel.topic.name)
-        return topic_log.bytes_from(segment_of(oldest)) if topic_log and oldest else 0
+        if topic_log is None:
+            return 0
+        loc = oldest()
+        return topic_log.bytes_from(segment_of(loc)) if loc else 0
 
     def topic_created(self, topic: "Topic") -> None:
         if topic.ephemeral or self._restoring:
