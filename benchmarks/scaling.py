@@ -74,7 +74,7 @@ async def shape(port: int, pid: int, topics: int, channels: int, consumers: int,
             for _ in range(consumers)]
     pub_reader, pub = await asyncio.open_connection("127.0.0.1", port)
     pub.write(b"  V2")
-    per_topic = max(BATCH, messages // topics)
+    per_topic = max(1, messages // topics // BATCH) * BATCH  # whole MPUBs: what is published
     target = per_topic * topics * channels
     rdy = max(1, min(2500, 2500 // consumers))
     counter, done = {"got": 0}, asyncio.Event()
