@@ -36,15 +36,6 @@ def _unpacked(typecode: str, data: bytes) -> array:
     return a
 
 
-def body_bytes(msgs: list[Message]) -> int:
-    return sum(map(len, map(_BODY, msgs)))
-
-
-def encode(msgs: list[Message]) -> pb.MessageColumns:
-    """One frame of ``msgs``, whatever their number and size."""
-    return _frame(msgs, list(accumulate(map(len, map(_BODY, msgs)), initial=0)))
-
-
 def frames(msgs: list[Message], max_messages: int, max_bytes: int) -> Iterator[pb.MessageColumns]:
     """``msgs`` in order, as frames of at most ``max_messages`` messages and
     ``max_bytes`` of bodies (a larger body goes alone in its frame)."""
