@@ -8,8 +8,10 @@ HTTP port with dots and colons turned into underscores):
 
 - counters (the change since the last push): ``topic.T.message_count``,
   ``topic.T.message_bytes``, ``topic.T.channel.C.message_count``,
-  ``.requeue_count``, ``.timeout_count``;
-- gauges: ``topic.T.depth``, ``topic.T.backend_depth``, and per channel
+  ``.requeue_count``, ``.timeout_count``, and pynsq's own ``.dead_letter_count``
+  and ``.expired_count``;
+- gauges: ``topic.T.depth``, ``topic.T.backend_depth`` (messages that wait on
+  disk only, as in ``/stats``), and per channel
   ``depth``, ``backend_depth``, ``in_flight_count``, ``deferred_count``,
   ``clients``; end-to-end latency percentiles in nanoseconds as
   ``...e2e_processing_latency_50`` (``_95``, ``_99``).
@@ -68,17 +70,19 @@ def statsd_lines(prefix: str, stats: list[TopicStats], last: Counts) -> tuple[li
         incr(f"{base}.message_count", t.message_count)
         incr(f"{base}.message_bytes", t.message_bytes)
         gauge(f"{base}.depth", t.depth)
-        gauge(f"{base}.backend_depth", 0)
+        gauge(f"{base}.backend_depth", t.on_disk_count)
         latency(base, t.e2e_processing_latency)
         for c in t.channels:
             ch = f"{base}.channel.{c.name}"
             incr(f"{ch}.message_count", c.message_count)
             gauge(f"{ch}.depth", c.depth)
-            gauge(f"{ch}.backend_depth", 0)
+            gauge(f"{ch}.backend_depth", c.on_disk_count)
             gauge(f"{ch}.in_flight_count", c.in_flight_count)
             gauge(f"{ch}.deferred_count", c.deferred_count)
             incr(f"{ch}.requeue_count", c.requeue_count)
             incr(f"{ch}.timeout_count", c.timeout_count)
+            incr(f"{ch}.dead_letter_count", c.dead_letter_count)
+            incr(f"{ch}.expired_count", c.expired_count)
             gauge(f"{ch}.clients", len(c.clients))
             latency(ch, c.e2e_processing_latency)
     return lines, counts

@@ -123,16 +123,21 @@ def test_statsd_counters_are_the_change_since_the_last_push():
     def stats(n: int) -> list[TopicStats]:
         channel = ChannelStats("c", depth=n, in_flight_count=0, deferred_count=0,
                                message_count=n, requeue_count=0, timeout_count=0,
-                               finish_count=0, paused=False)
+                               finish_count=0, paused=False, on_disk_count=n - 1,
+                               dead_letter_count=n + 1, expired_count=2 * n)
         return [TopicStats("t", depth=0, message_count=n, message_bytes=2 * n, paused=False,
                            channels=[channel])]
 
     first, last = statsd_lines("nsq.h_4151.", stats(3), {})
     assert "nsq.h_4151.topic.t.message_count:3|c" in first
     assert "nsq.h_4151.topic.t.channel.c.depth:3|g" in first
+    assert "nsq.h_4151.topic.t.channel.c.backend_depth:2|g" in first
+    assert "nsq.h_4151.topic.t.channel.c.dead_letter_count:4|c" in first
     second, _ = statsd_lines("nsq.h_4151.", stats(5), last)
     assert "nsq.h_4151.topic.t.message_count:2|c" in second
     assert "nsq.h_4151.topic.t.channel.c.depth:5|g" in second
+    assert "nsq.h_4151.topic.t.channel.c.dead_letter_count:2|c" in second
+    assert "nsq.h_4151.topic.t.channel.c.expired_count:4|c" in second
 
 
 def test_statsd_lines_are_packed_into_bounded_datagrams():
