@@ -413,6 +413,7 @@ def _client_json(k) -> dict:
             data["auth_identity"] = who.auth_identity
         if who.auth_identity_url:
             data["auth_identity_url"] = who.auth_identity_url
+    # (nsqd says a negotiated protocol is mutual for every TLS client, ALPN or not)
     data.update({"tls": who.tls, "tls_cipher_suite": who.tls_cipher_suite,
                  "tls_version": who.tls_version, "tls_negotiated_protocol": "",
                  "tls_negotiated_protocol_is_mutual": who.tls})
