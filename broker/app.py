@@ -88,6 +88,11 @@ class BrokerApp:
             self._grpc, self.grpc_address = await start_grpc_server(
                 self.broker, self.options.grpc_address, self.security)
             self.addresses["grpc"] = self.grpc_address
+            # The default node id depends on the gRPC port: one the OS picked (port 0)
+            # is known only now. Ids keep increasing across the change.
+            node_id = self.options.node_id_for(self.grpc_address)
+            if node_id != self.broker.new_id.node_id:
+                self.broker.new_id.node_id = node_id
             if self.options.tcp_address:
                 self._tcp = TcpServer(self.broker, self.security)
                 self.tcp_address = await self._tcp.start(self.options.tcp_address)
@@ -108,7 +113,8 @@ class BrokerApp:
             self._close_storage()
             raise
         self._ticker = asyncio.create_task(self._tick_forever())
-        log.info("gRPC: listening on %s", self.grpc_address)
+        log.info("gRPC: listening on %s (node id %d)", self.grpc_address,
+                 self.broker.new_id.node_id)
         if self.options.lookupd_tcp_address:
             self._lookupd = LookupdRegistration(self.broker, self.addresses)
             self._lookupd.start()

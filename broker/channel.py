@@ -390,9 +390,7 @@ class Channel:
             requeue_count=self.requeue_count, timeout_count=self.timeout_count,
             finish_count=self.finish_count, paused=self.paused,
             dead_letter_count=self.dead_letter_count, expired_count=self.expired_count,
-            clients=[ClientStats(c.client_id, c.rdy, len(c.in_flight), c.message_count,
-                                 c.finish_count, c.requeue_count, c.connect_ts)
-                     for c in self._consumers],
+            clients=[ClientStats.of(c) for c in self._consumers],
             e2e_processing_latency=self.latency.percentiles(),
             on_disk_count=len(self._ready) - self._ready.in_memory,
             disk_bytes=self._store.pinned_bytes(self, self._oldest_location))

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Optional
 
 from .message import Message
+from .stats import ClientIdentity
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -25,9 +26,11 @@ _ids = itertools.count(1)
 
 class Consumer:
     def __init__(self, on_message: Callable[[Message], None], *, msg_timeout: float,
-                 client_id: str = "") -> None:
+                 client_id: str = "", identity: ClientIdentity | None = None) -> None:
         self.id = next(_ids)
-        self.client_id = client_id or f"consumer-{self.id}"
+        self.client_id = client_id or (identity and identity.client_id) or f"consumer-{self.id}"
+        # Who it is, as its server recorded it (for /stats); the core only keeps it.
+        self.identity = identity or ClientIdentity(client_id=self.client_id)
         self.msg_timeout = msg_timeout          # seconds, already capped
         self.rdy = 0
         self.in_flight: dict[str, Message] = {}  # insertion-ordered
@@ -45,12 +48,12 @@ class Consumer:
     @classmethod
     def attach(cls, broker: "Broker", topic: str, channel: str,
                on_message: Callable[[Message], None], *, client_id: str = "",
-               msg_timeout_ms: int = 0,
+               msg_timeout_ms: int = 0, identity: ClientIdentity | None = None,
                on_evicted: Callable[[], None] | None = None) -> "Consumer":
         """SUB: a new consumer of ``topic``/``channel``, its timeout checked and
         capped by the broker. Raises ``InvalidTopic``, ``InvalidChannel`` or
         ``InvalidRequest`` (timeout out of range) before anything is created."""
-        consumer = cls(on_message, client_id=client_id,
+        consumer = cls(on_message, client_id=client_id, identity=identity,
                        msg_timeout=broker.msg_timeout(msg_timeout_ms))
         consumer.on_evicted = on_evicted
         broker.subscribe(consumer, topic, channel)

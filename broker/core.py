@@ -51,7 +51,10 @@ class Broker:
         self.options = options or Options()
         self.clock = clock or Clock()
         self.topics: dict[str, Topic] = {}
-        self.new_id = IdFactory()
+        # Message ids: this broker's node id in each (BrokerApp settles the default's
+        # port once gRPC is bound), a sequence from the wall clock.
+        self.new_id = IdFactory(self.options.node_id_for(self.options.grpc_address),
+                                start=self.clock.wall_ns() // 1000)
         self.start_time = int(time.time())
         # Names this instance (it changes on restart): a lease made elsewhere is not here.
         self.instance_id = secrets.token_hex(8)

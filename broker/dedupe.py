@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 
 from .clock import Clock
 from .errors import ProducerConflict
+from .message import id_run
 
 DEFAULT_WINDOW_S = 600.0
 DEFAULT_CAPACITY = 1_000_000
@@ -63,8 +64,8 @@ class Entry:
 
     @property
     def ids(self) -> list[str]:
-        # A request's ids are consecutive: the core stamps them in one go.
-        return [f"{self.first_id + i:016x}" for i in range(self.count)]
+        # A request's ids are one run: the core stamps them in one go.
+        return id_run(self.first_id, self.count)
 
     def encode(self) -> bytes:
         return _HEAD.pack(self.at_ns, self.first_id, self.count, self.sequence,

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import socket
 import tomllib
+import zlib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -77,6 +79,8 @@ class Options:
     lookupd_tcp_address: tuple[str, ...] = _opt(
         (), "host:port of an nsqlookupd's TCP port to register with (repeatable)")
     broadcast_address: str = _opt("", "address registered with nsqlookupd (default: hostname)")
+    node_id: int = _opt(-1, "this broker's part of every message id, 0 to 1023, unique in a "
+                            "fleet (-1: from the hostname and the gRPC listen address)")
     statsd_address: str = _opt("", "UDP host:port of statsd to push stats to (empty: off)")
     statsd_prefix: str = _opt("nsq.%s", "prefix of statsd keys (%s: broadcast address and "
                               "HTTP port)")
@@ -125,6 +129,9 @@ class Options:
         if self.event_loop not in EVENT_LOOPS:
             raise ValueError(f"event-loop: expected {', '.join(EVENT_LOOPS)}, "
                              f"got {self.event_loop!r}")
+        if not -1 <= self.node_id <= 1023:
+            raise ValueError(f"node-id must be 0 to 1023 (or -1: from the hostname and the "
+                             f"gRPC address), got {self.node_id}")
         if self.max_attempts > 65535:
             raise ValueError("max-attempts must be 0 (off) to 65535")
         if self.msg_timeout <= 0:
@@ -133,6 +140,18 @@ class Options:
             raise ValueError("msg-timeout must not exceed max-msg-timeout")
         from .security.tls import check_options
         check_options(self)
+
+    def node_id_for(self, grpc_address: str) -> int:
+        """``--node-id``, or when it is -1, the default of a broker serving gRPC on
+        ``grpc_address``: nsqd hashes the hostname alone, which gives every broker on
+        one host the same id. The hash here takes the hostname and the listen host,
+        and the port is added to it: brokers on one host listening on different ports
+        differ (unless their ports are a multiple of 1024 apart)."""
+        if self.node_id >= 0:
+            return self.node_id
+        host, _, port = grpc_address.rpartition(":")
+        digest = zlib.crc32(f"{socket.gethostname()}|{host}".encode())
+        return (digest + (int(port) if port.isdigit() else 0)) % 1024
 
     def replace(self, **changes: Any) -> "Options":
         return dataclasses.replace(self, **changes)

@@ -5,6 +5,10 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .consumer import Consumer
 
 QUANTILES = (0.5, 0.95, 0.99)
 # Upper bounds (ms) of the cumulative latency histogram (Prometheus' ``le``).
@@ -54,6 +58,32 @@ class LatencySample:
         return [(q, ordered[min(last, int(q * len(ordered)))]) for q in QUANTILES]
 
 
+@dataclass(frozen=True)
+class ClientIdentity:
+    """Who a consumer is, as its connection tells: nsqd's client fields in /stats.
+
+    The server that accepted the client fills it in (TCP from IDENTIFY and the
+    socket, gRPC from the call's peer and metadata); the core only keeps it.
+    """
+
+    client_id: str = ""
+    hostname: str = ""
+    remote_address: str = ""        # the peer's host:port
+    version: str = ""               # its protocol: "V2" (NSQ's TCP) or "grpc"
+    user_agent: str = ""
+    tls: bool = False
+    tls_version: str = ""           # as nsqd names them: "TLS1.3"
+    tls_cipher_suite: str = ""
+    authed: bool = False
+    auth_identity: str = ""
+    auth_identity_url: str = ""
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 host in brackets (as Go's net.JoinHostPort)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 @dataclass
 class ClientStats:
     client_id: str
@@ -63,6 +93,14 @@ class ClientStats:
     finish_count: int
     requeue_count: int
     connect_ts: int = 0  # Unix seconds
+    identity: ClientIdentity = ClientIdentity()
+    closing: bool = False  # after CLS, or its connection is going
+
+    @classmethod
+    def of(cls, consumer: "Consumer") -> "ClientStats":
+        return cls(consumer.client_id, consumer.rdy, len(consumer.in_flight),
+                   consumer.message_count, consumer.finish_count, consumer.requeue_count,
+                   consumer.connect_ts, consumer.identity, consumer.closing)
 
 
 @dataclass

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from broker import Client
+from broker import Client, EmbeddedBroker
 from spark_connector.discovery import (DiscoveryError, Fleet, discover, grpc_address,
                                        producer_http_addresses)
+from spark_connector.options import ReaderOptions
+from spark_connector.session import LeaseKeeper
 
+from .grpckit import channel_stats
 from .helpers import Daemon, free_port, wait_for
-from .nsqkit import Lookupd
+from .nsqkit import Lookupd, http_json
 
 
 def test_a_wildcard_grpc_host_is_replaced_by_the_broadcast_address():
@@ -92,3 +95,45 @@ def test_a_fleet_that_never_found_a_lookupd_says_so():
     dead = f"127.0.0.1:{free_port()}"
     with pytest.raises(DiscoveryError, match=dead):
         Fleet([dead], "events", timeout=2).brokers()
+
+
+def test_a_broker_that_left_nsqlookupd_is_not_reserved_from_but_its_leases_are_finished(
+        lookupd):
+    """The Spark source's driver reserves only from the brokers nsqlookupd lists now. Here
+    an operator tombstones one broker's topic in nsqlookupd (as nsqadmin does, to drain it):
+    that broker keeps running and keeps its messages, and a batch it already leased is
+    still FINed when Spark commits it."""
+    joined = {"lookupd_tcp_address": (lookupd.tcp_address,), "broadcast_address": "127.0.0.1"}
+    with EmbeddedBroker(**joined) as a, EmbeddedBroker(**joined) as b, \
+            Client(a.address, timeout=10) as client_a, Client(b.address, timeout=10) as client_b:
+        for c in (client_a, client_b):
+            c.create_channel("events", "spark")
+            c.multi_publish("events", [b"0123456789"] * 100)
+        wait_for(lambda: len(lookupd.lookup("events")) == 2, 60, message="both registered")
+        keeper = LeaseKeeper(ReaderOptions.parse({
+            "lookupdHttpAddress": lookupd.http_address, "topic": "events", "channel": "spark",
+            "timeoutMs": "5000", "lookupdPollIntervalMs": "100"}))
+        try:
+            first = keeper.reserve(1, 20, 1 << 20, None)
+            assert per_broker(first) == {a.address: 10, b.address: 10}
+            http_json(f"http://{lookupd.http_address}/topic/tombstone?topic=events"
+                      f"&node={b.http_address}", "POST")
+            wait_for(lambda: keeper.brokers() == [a.address], 30,
+                     message="the tombstoned broker to leave the fleet")
+            second = keeper.reserve(2, 1000, 1 << 20, None)
+            assert per_broker(second) == {a.address: 90}
+            left = channel_stats(client_b, "events", "spark")
+            assert (left.depth, left.in_flight_count) == (90, 10)   # not reserved from
+            keeper.finish_through(2, second)
+            left = channel_stats(client_b, "events", "spark")
+            assert (left.finish_count, left.in_flight_count, left.depth) == (10, 0, 90)
+            assert channel_stats(client_a, "events", "spark").finish_count == 100
+        finally:
+            keeper.close()
+
+
+def per_broker(leases: dict[str, dict]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for lease in leases.values():
+        counts[lease["address"]] = counts.get(lease["address"], 0) + lease["count"]
+    return counts

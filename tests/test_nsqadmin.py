@@ -79,6 +79,11 @@ def test_nsqadmin_lists_topics_channels_depths_and_clients(pynsqd, admin):
         assert spark["clients"][0]["in_flight_count"] == 1
         # nsqadmin shows how long a client has been connected: from its connect_ts
         assert spark["clients"][0]["connected"] < 3600 * 10**9
+        # and who the client is: its address, protocol and user agent
+        shown = spark["clients"][0]
+        assert re.fullmatch(r"127\.0\.0\.1:\d+", shown["remote_address"])
+        assert (shown["hostname"], shown["version"]) == ("127.0.0.1", "grpc")
+        assert shown["user_agent"].startswith("grpc-python/")
         nodes = admin.get("nodes")["nodes"]
         assert [(n["broadcast_address"], n["http_port"]) for n in nodes] == \
             [("127.0.0.1", int(pynsqd.http_address.rpartition(":")[2]))]

@@ -23,6 +23,8 @@ from ..errors import (ERROR_CODE_METADATA, BrokerError, ChannelNotFound, Conflic
                       NotFound, NotInFlight, StorageFailed, Unavailable)
 from ..message import Message
 from ..security.auth import AuthError, Unauthorized
+from ..security.grpc_auth import remote_ip
+from ..stats import ClientIdentity
 
 log = logging.getLogger("pynsqd")
 
@@ -121,6 +123,19 @@ class BrokerService(pb_grpc.BrokerServicer):
         return pb.PublishResponse(ids=ids)
 
     # -- the consumer stream ---------------------------------------------
+    def _identity(self, context, client_id: str) -> ClientIdentity:
+        """Who a subscriber is, for /stats: its SUB's client_id (else the peer's host),
+        the call's peer, user agent and transport. With auth servers configured, the
+        SUB got here only once authorised."""
+        peer = context.peer()                          # "ipv4:127.0.0.1:5000"
+        address, host = peer.partition(":")[2], remote_ip(peer)
+        metadata = dict(context.invocation_metadata() or ())
+        tls = (context.auth_context() or {}).get("transport_security_type") == [b"ssl"]
+        return ClientIdentity(client_id=client_id or host, hostname=host,
+                              remote_address=address, version="grpc",
+                              user_agent=str(metadata.get("user-agent", "")), tls=tls,
+                              authed=bool(self.broker.options.auth_http_addresses))
+
     async def Subscribe(self, request_iterator, context) -> AsyncIterator[pb.ServerFrame]:
         outbox: list[Message] = []
         replies: list[pb.ServerFrame] = []
@@ -164,7 +179,7 @@ class BrokerService(pb_grpc.BrokerServicer):
 
         try:
             consumer = Consumer.attach(self.broker, sub.topic, sub.channel, on_message,
-                                       client_id=sub.client_id or context.peer(),
+                                       identity=self._identity(context, sub.client_id),
                                        msg_timeout_ms=sub.msg_timeout_ms, on_evicted=evicted)
         except BrokerError as err:
             await abort(context, err, "SUB: ")

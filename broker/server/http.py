@@ -386,14 +386,38 @@ def _topic_json(t) -> dict:
             "timeout_count": c.timeout_count, "client_count": len(c.clients), "paused": c.paused,
             "dead_letter_count": c.dead_letter_count, "expired_count": c.expired_count,
             "e2e_processing_latency": _latency(c.e2e_processing_latency, c.finish_count),
-            "clients": [{"client_id": k.client_id, "hostname": k.client_id,
-                         "ready_count": k.ready_count, "in_flight_count": k.in_flight_count,
-                         "message_count": k.message_count, "finish_count": k.finish_count,
-                         "requeue_count": k.requeue_count, "connect_ts": k.connect_ts,
-                         # declined by pynsqd (see the IDENTIFY negotiation)
-                         "sample_rate": 0, "tls": False, "deflate": False, "snappy": False,
-                         "authed": False} for k in c.clients],
+            "clients": [_client_json(k) for k in c.clients],
         } for c in t.channels]}
+
+
+# nsqd's client states (its /stats ``state``): subscribed, closing.
+_SUBSCRIBED, _CLOSING = 3, 4
+
+
+def _client_json(k) -> dict:
+    """A client as nsqd's /stats shows one (its field names and order)."""
+    who = k.identity
+    data = {
+        "client_id": k.client_id, "hostname": who.hostname or k.client_id,
+        "version": who.version, "remote_address": who.remote_address,
+        "state": _CLOSING if k.closing else _SUBSCRIBED,
+        "ready_count": k.ready_count, "in_flight_count": k.in_flight_count,
+        "message_count": k.message_count, "finish_count": k.finish_count,
+        "requeue_count": k.requeue_count, "connect_ts": k.connect_ts,
+        # declined by pynsqd (see the IDENTIFY negotiation)
+        "sample_rate": 0, "deflate": False, "snappy": False,
+        "user_agent": who.user_agent}
+    if who.authed:   # nsqd leaves these out for a client that has not authenticated
+        data["authed"] = True
+        if who.auth_identity:
+            data["auth_identity"] = who.auth_identity
+        if who.auth_identity_url:
+            data["auth_identity_url"] = who.auth_identity_url
+    # (nsqd says a negotiated protocol is mutual for every TLS client, ALPN or not)
+    data.update({"tls": who.tls, "tls_cipher_suite": who.tls_cipher_suite,
+                 "tls_version": who.tls_version, "tls_negotiated_protocol": "",
+                 "tls_negotiated_protocol_is_mutual": who.tls})
+    return data
 
 
 def _stats_text(data: dict) -> str:
@@ -406,4 +430,12 @@ def _stats_text(data: dict) -> str:
                          f"inflt: {c['in_flight_count']:<4} def: {c['deferred_count']:<4} "
                          f"re-q: {c['requeue_count']:<5} timeout: {c['timeout_count']:<5} "
                          f"msgs: {c['message_count']}")
+            for k in c["clients"]:
+                port = k["remote_address"].rpartition(":")[2]
+                who = f"{k['hostname']}:{port} {k['user_agent']}"
+                connected = max(0, int(time.time()) - k["connect_ts"])
+                lines.append(f"        [{k['version']} {who:<21}] state: {k['state']} "
+                             f"inflt: {k['in_flight_count']:<4} rdy: {k['ready_count']:<4} "
+                             f"fin: {k['finish_count']:<8} re-q: {k['requeue_count']:<8} "
+                             f"msgs: {k['message_count']:<8} connected: {connected}s")
     return "\n".join(lines) + "\n"

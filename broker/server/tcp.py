@@ -45,6 +45,7 @@ from ..message import Message
 from ..names import check_topic_name
 from . import wire
 from ..security.guard import Security
+from ..stats import ClientIdentity, host_port
 from .wire import (FRAME_RESPONSE, MAGIC_V2, Incomplete, LineTooLong, base10, error_frame,
                    frame, message_id)
 
@@ -93,6 +94,8 @@ class V2Connection(asyncio.Protocol):
         self.closing = False
         self.consumer: Consumer | None = None
         self.client_id = ""
+        # What IDENTIFY said of the client (client_id, hostname, user_agent), for /stats.
+        self.identified: dict[str, str] = {}
         self.msg_timeout_ms = 0
         self.output_buffer_size = DEFAULT_OUTPUT_BUFFER
         self.heartbeat_ms = DEFAULT_HEARTBEAT_MS
@@ -345,6 +348,8 @@ class V2Connection(asyncio.Protocol):
         if msg_timeout and not 1000 <= msg_timeout <= opts.max_msg_timeout:
             raise InvalidBody(f"IDENTIFY msg timeout ({msg_timeout}) is invalid")
         self.client_id = str(data.get("client_id") or self.client_id)
+        self.identified = {key: str(data.get(key) or "")
+                           for key in ("client_id", "hostname", "user_agent")}
         if heartbeat:
             self.heartbeat_ms = 0 if heartbeat == -1 else heartbeat
         if buffer_size:
@@ -384,7 +389,7 @@ class V2Connection(asyncio.Protocol):
         self._check_auth("SUB", topic, channel)
         try:
             self.consumer = Consumer.attach(self.broker, topic, channel, self._on_message,
-                                            client_id=self.client_id,
+                                            identity=self._identity(),
                                             msg_timeout_ms=self.msg_timeout_ms,
                                             on_evicted=self._evicted)
         except Invalid as err:
@@ -542,6 +547,25 @@ class V2Connection(asyncio.Protocol):
             self.send(frame(FRAME_RESPONSE, auth.reply()))
 
         raise _Wait(ask(), resume=pos)
+
+    def _identity(self) -> ClientIdentity:
+        """Who this client is, as nsqd's /stats shows it: IDENTIFY's names (the peer's
+        host where it gave none), the peer's address, its TLS and its auth."""
+        transport = self.transport
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        host = str(peer[0]) if peer else ""
+        given = self.identified
+        tls = transport.get_extra_info("ssl_object") if self.tls and transport else None
+        cipher = tls.cipher() if tls is not None else None
+        state = self.auth.state if self.auth is not None else None
+        return ClientIdentity(
+            client_id=given.get("client_id") or host, hostname=given.get("hostname") or host,
+            remote_address=host_port(host, peer[1]) if peer else "", version="V2",
+            user_agent=given.get("user_agent", ""), tls=self.tls,
+            tls_version=(tls.version() or "").replace("TLSv", "TLS") if tls else "",
+            tls_cipher_suite=cipher[0] if cipher else "",
+            authed=state is not None, auth_identity=state.identity if state else "",
+            auth_identity_url=state.identity_url if state else "")
 
     # -- security (broker/security): TLS policy and upgrade, one check per PUB/SUB --
     def _tls_policy(self, name: bytes) -> None:
