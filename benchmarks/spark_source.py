@@ -82,14 +82,23 @@ class MemoryReader(DataSourceStreamReader):
             ], schema=ARROW_SCHEMA)
 
 
-def timed_available_now(df) -> tuple[float, int]:
+def timed_available_now(df, phases: dict | None = None) -> tuple[float, int]:
+    """Seconds and rows of an ``availableNow`` read into the noop sink; ``phases``, if
+    given, gets Spark's own per-batch durations (``durationMs``), summed over batches,
+    and ``batches``."""
     with tempfile.TemporaryDirectory() as checkpoint:
         started = time.perf_counter()
         query = (df.writeStream.format("noop").option("checkpointLocation", checkpoint)
                  .trigger(availableNow=True).start())
         query.awaitTermination()
         elapsed = time.perf_counter() - started
-        rows = sum(p["numInputRows"] for p in query.recentProgress)
+        progress = [p for p in query.recentProgress if p["numInputRows"]]
+        rows = sum(p["numInputRows"] for p in progress)
+    if phases is not None:
+        phases["batches"] = len(progress)
+        for p in progress:
+            for phase, ms in p["durationMs"].items():
+                phases[phase] = phases.get(phase, 0) + ms
     return elapsed, rows
 
 
@@ -118,11 +127,14 @@ def run(spark, messages: int, partitions: int) -> dict:
 
         timed_available_now(pynsq("warmup", WARM_UP_ROWS))
         timed_available_now(memory(WARM_UP_ROWS))
-        pynsq_s, pynsq_rows = timed_available_now(pynsq("bench", messages))
+        phases: dict = {}
+        pynsq_s, pynsq_rows = timed_available_now(pynsq("bench", messages), phases)
         # The same read in one micro-batch, as the memory source does: what the
         # default read limit's batches cost.
+        one_phases: dict = {}
         one_s, one_rows = timed_available_now(pynsq(
-            "bench1", messages, maxMessagesPerTrigger=messages, maxBytesPerTrigger=1 << 30))
+            "bench1", messages, maxMessagesPerTrigger=messages, maxBytesPerTrigger=1 << 30),
+            one_phases)
         client.close()
     finally:
         stop(proc)
@@ -131,7 +143,9 @@ def run(spark, messages: int, partitions: int) -> dict:
     return {"messages": messages, "pynsq_rows": pynsq_rows, "pynsq_rows_per_s": round(pynsq_rate),
             "one_batch_rows": one_rows, "one_batch_rows_per_s": round(one_rows / one_s),
             "memory_rows": memory_rows, "memory_rows_per_s": round(memory_rate),
-            "ratio": round(pynsq_rate / memory_rate, 3)}
+            "ratio": round(pynsq_rate / memory_rate, 3),
+            "one_batch_ratio": round(one_rows / one_s / memory_rate, 3),
+            "phases_ms": phases, "one_batch_phases_ms": one_phases}
 
 
 def rate_micro_batch(spark, rows: int) -> float:
@@ -151,11 +165,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1, help="repetitions in one session")
     args = parser.parse_args()
     spark = (SparkSession.builder.master("local[2]").appName("pynsq-bench")
              .config("spark.ui.enabled", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    print(json.dumps(run(spark, args.messages, args.partitions), indent=2))
+    for _ in range(args.rounds):
+        print(json.dumps(run(spark, args.messages, args.partitions)), flush=True)
     spark.stop()
 
 

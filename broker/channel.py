@@ -9,6 +9,9 @@ touches only those that are due.
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from itertools import accumulate
+from operator import attrgetter
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from . import deadletter
@@ -22,6 +25,8 @@ from .stats import ChannelStats, ClientStats, LatencySample
 
 if TYPE_CHECKING:
     from .topic import Topic
+
+_ID, _BODY = attrgetter("id"), attrgetter("body")
 
 
 class Channel:
@@ -161,14 +166,28 @@ class Channel:
         size = 0
         now_ns = self._clock.wall_ns()
         while len(taken) < limit:
-            msg = self._next_ready(wait=False, now_ns=now_ns)
-            if msg is None:
-                break
-            if max_bytes and (taken or not at_least_one) and size + len(msg.body) > max_bytes:
-                ready.push_front([msg])
-                break
-            taken.append(msg)
-            size += len(msg.body)
+            # In bulk while they are in memory; one at a time from disk.
+            msgs = ready.popleft_in_memory(limit - len(taken))
+            if msgs:
+                if not deadletter.all_deliverable(self, msgs, now_ns):
+                    msgs = [m for m in msgs if not self._leaves(m, now_ns)]
+            else:
+                msg = self._next_ready(wait=False, now_ns=now_ns)
+                if msg is None:
+                    break
+                msgs = [msg]
+            if max_bytes:
+                # ends[i]: bytes taken before msgs[i]; keep those that end within max_bytes.
+                ends = list(accumulate(map(len, map(_BODY, msgs)), initial=size))
+                keep = max(0, bisect_right(ends, max_bytes) - 1)
+                if not keep and not taken and at_least_one:
+                    keep = 1
+                if keep < len(msgs):
+                    ready.push_front(msgs[keep:])
+                    taken += msgs[:keep]
+                    break
+                size = ends[-1]
+            taken += msgs
         self._hold_all(holder, taken)
         return taken
 
@@ -196,7 +215,7 @@ class Channel:
             msg.delivered_at = now
         self._in_flight.push_many(msgs, now + holder.msg_timeout)
         self._timers_started()
-        holder.in_flight.update((m.id, m) for m in msgs)
+        holder.in_flight.update(zip(map(_ID, msgs), msgs))
         holder.message_count += len(msgs)
         self._store.delivered(self, msgs)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import secrets
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from .consumer import Consumer
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from .channel import Channel
 
 _session_ids = itertools.count(1)
+_BODY = attrgetter("body")
 
 
 class Lease(Consumer):
@@ -104,7 +106,7 @@ class Reservation:
         limit = min(self.messages_left, RESERVE_STEP_MESSAGES)
         cap = min(self.step_bytes, self.bytes_left) if self.max_bytes else self.step_bytes
         took = self.channel.take(self.lease, limit, cap, at_least_one=first)
-        size = sum([len(m.body) for m in took])
+        size = sum(map(len, map(_BODY, took)))
         self.lease.order.extend(took)
         self.messages_left -= len(took)
         self.bytes += size
