@@ -24,9 +24,10 @@ from .pqueue import DeadlineQueue
 from .stats import ChannelStats, ClientStats, LatencySample
 
 if TYPE_CHECKING:
+    from .lease import Lease
     from .topic import Topic
 
-_ID, _BODY = attrgetter("id"), attrgetter("body")
+_BODY = attrgetter("body")
 
 
 class Channel:
@@ -150,7 +151,7 @@ class Channel:
         consumer.rdy = count
         self._pump()
 
-    def take(self, holder: Consumer, limit: int, max_bytes: int = 0,
+    def take(self, holder: "Lease", limit: int, max_bytes: int = 0,
              at_least_one: bool = True) -> list[Message]:
         """Move up to ``limit`` ready messages in flight to ``holder`` at once; with
         ``max_bytes`` > 0, stop before their bodies pass it (taking one at least,
@@ -191,7 +192,7 @@ class Channel:
         self._hold_all(holder, taken)
         return taken
 
-    def reclaim(self, holder: Consumer, wanted: list[str]) -> list[Message]:
+    def reclaim(self, holder: "Lease", wanted: list[str]) -> list[Message]:
         """Take the messages with ids ``wanted`` back in flight to ``holder`` if they are
         still waiting in memory in this channel (not delivered elsewhere meanwhile); in
         ``wanted``'s order. Scans the ready queue once.
@@ -206,7 +207,7 @@ class Channel:
         self._hold_all(holder, taken)
         return taken
 
-    def _hold_all(self, holder: Consumer, msgs: list[Message]) -> None:
+    def _hold_all(self, holder: "Lease", msgs: list[Message]) -> None:
         """Put ``msgs`` in flight to ``holder``, sharing one deadline."""
         now = self._clock.monotonic()
         for msg in msgs:
@@ -215,7 +216,7 @@ class Channel:
             msg.delivered_at = now
         self._in_flight.push_many(msgs, now + holder.msg_timeout)
         self._timers_started()
-        holder.in_flight.update(zip(map(_ID, msgs), msgs))
+        holder.hold(msgs)
         holder.message_count += len(msgs)
         self._store.delivered(self, msgs)
 
