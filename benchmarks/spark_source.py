@@ -1,14 +1,17 @@
 """Spark read throughput: pynsq -> noop sink, against the ceiling of any Python source.
 
-    python benchmarks/spark_source.py [--messages 1000000] [--partitions 2]
+    python benchmarks/spark_source.py [--messages 1000000] [--partitions 2] [--rounds 1]
 
-Both runs happen in one Spark session, one after the other: the pynsq source
-reading a channel of N messages of 100 bytes from a ``pynsqd`` subprocess with
-``availableNow``, and an
-in-memory Python streaming source that yields the same number of rows of the
-same schema as Arrow batches (no broker, no network). The ratio is the figure.
-Each source first reads a few rows untimed, so that neither pays for starting
-the executors' Python workers (the run that comes first would otherwise).
+All runs happen in one Spark session: the pynsq source reading a channel of N
+messages of 100 bytes from a ``pynsqd`` subprocess with ``availableNow`` (at the
+default read limit; in one micro-batch; in batches of 100,000), and an in-memory
+Python streaming source that yields the same number of rows of the same schema as
+Arrow batches (no broker, no network), run before and after them. The ratio to
+the memory source's mean rate is the figure. Each source first reads a few rows
+untimed, so that neither pays for starting the executors' Python workers (the run
+that comes first would otherwise). Each run also reports Spark's own per-batch
+phases (``durationMs``, summed over its batches), and the time before its first
+trigger and after its last batch.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import sys
 import tempfile
 import time
+from datetime import datetime
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -82,15 +86,37 @@ class MemoryReader(DataSourceStreamReader):
             ], schema=ARROW_SCHEMA)
 
 
-def timed_available_now(df) -> tuple[float, int]:
+def timed_available_now(df, phases: dict | None = None) -> tuple[float, int]:
+    """Seconds and rows of an ``availableNow`` read into the noop sink; ``phases``, if
+    given, gets Spark's own per-batch durations (``durationMs``), summed over batches,
+    and ``batches``."""
     with tempfile.TemporaryDirectory() as checkpoint:
-        started = time.perf_counter()
+        started, started_at = time.perf_counter(), time.time()
         query = (df.writeStream.format("noop").option("checkpointLocation", checkpoint)
                  .trigger(availableNow=True).start())
         query.awaitTermination()
         elapsed = time.perf_counter() - started
-        rows = sum(p["numInputRows"] for p in query.recentProgress)
+        everything = query.recentProgress
+        progress = [p for p in everything if p["numInputRows"]]
+        rows = sum(p["numInputRows"] for p in progress)
+    if phases is not None:
+        phases["batches"] = len(progress)
+        # Before the first trigger (query start, the source's initialOffset) and after
+        # the batches (triggers without data, the source's stop, the query's end).
+        first = _epoch(everything[0]["timestamp"]) if everything else started_at
+        last = _epoch(progress[-1]["timestamp"]) + progress[-1]["durationMs"][
+            "triggerExecution"] / 1000 if progress else first
+        phases["beforeFirstTrigger"] = round((first - started_at) * 1000)
+        phases["afterLastBatch"] = round((started_at + elapsed - last) * 1000)
+        for p in progress:
+            for phase, ms in p["durationMs"].items():
+                phases[phase] = phases.get(phase, 0) + ms
     return elapsed, rows
+
+
+def _epoch(timestamp: str) -> float:
+    """Seconds since the epoch of a progress report's ``timestamp`` (UTC, ISO 8601)."""
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
 WARM_UP_ROWS = 2000
@@ -118,20 +144,39 @@ def run(spark, messages: int, partitions: int) -> dict:
 
         timed_available_now(pynsq("warmup", WARM_UP_ROWS))
         timed_available_now(memory(WARM_UP_ROWS))
-        pynsq_s, pynsq_rows = timed_available_now(pynsq("bench", messages))
+        # The memory source runs before and after the pynsq reads; the ceiling is the mean
+        # of the two, so that a machine whose load changes meanwhile tilts the ratio less.
+        memory_phases: dict = {}
+        memory_runs = [timed_available_now(memory(messages), memory_phases)]
+        phases: dict = {}
+        pynsq_s, pynsq_rows = timed_available_now(pynsq("bench", messages), phases)
         # The same read in one micro-batch, as the memory source does: what the
         # default read limit's batches cost.
+        one_phases: dict = {}
         one_s, one_rows = timed_available_now(pynsq(
-            "bench1", messages, maxMessagesPerTrigger=messages, maxBytesPerTrigger=1 << 30))
+            "bench1", messages, maxMessagesPerTrigger=messages, maxBytesPerTrigger=1 << 30),
+            one_phases)
+        # In batches of 100,000 (the default read limit before it was 1,000,000): what
+        # Spark's cost per micro-batch adds.
+        small_phases: dict = {}
+        small_s, small_rows = timed_available_now(pynsq(
+            "bench100k", messages, maxMessagesPerTrigger=100_000), small_phases)
         client.close()
     finally:
         stop(proc)
-    memory_s, memory_rows = timed_available_now(memory(messages))
-    pynsq_rate, memory_rate = pynsq_rows / pynsq_s, memory_rows / memory_s
+    memory_runs.append(timed_available_now(memory(messages)))
+    memory_rate = sum(rows / s for s, rows in memory_runs) / len(memory_runs)
+    memory_rows = memory_runs[0][1]
+    pynsq_rate = pynsq_rows / pynsq_s
     return {"messages": messages, "pynsq_rows": pynsq_rows, "pynsq_rows_per_s": round(pynsq_rate),
             "one_batch_rows": one_rows, "one_batch_rows_per_s": round(one_rows / one_s),
+            "batches_of_100k_rows_per_s": round(small_rows / small_s),
             "memory_rows": memory_rows, "memory_rows_per_s": round(memory_rate),
-            "ratio": round(pynsq_rate / memory_rate, 3)}
+            "ratio": round(pynsq_rate / memory_rate, 3),
+            "one_batch_ratio": round(one_rows / one_s / memory_rate, 3),
+            "batches_of_100k_ratio": round(small_rows / small_s / memory_rate, 3),
+            "phases_ms": phases, "one_batch_phases_ms": one_phases,
+            "batches_of_100k_phases_ms": small_phases, "memory_phases_ms": memory_phases}
 
 
 def rate_micro_batch(spark, rows: int) -> float:
@@ -151,11 +196,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1, help="repetitions in one session")
     args = parser.parse_args()
     spark = (SparkSession.builder.master("local[2]").appName("pynsq-bench")
              .config("spark.ui.enabled", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    print(json.dumps(run(spark, args.messages, args.partitions), indent=2))
+    for _ in range(args.rounds):
+        print(json.dumps(run(spark, args.messages, args.partitions)), flush=True)
     spark.stop()
 
 

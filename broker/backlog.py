@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
+from itertools import islice, repeat
 from typing import Callable, Iterable, Iterator
 
 from .message import Message
@@ -166,6 +167,22 @@ class Backlog:
             if msg is not None:
                 return msg
         return None
+
+    def popleft_in_memory(self, limit: int) -> list[Message]:
+        """Up to ``limit`` messages off the front, as long as they are in memory: it stops
+        at the first that waits on disk (``popleft`` reads that one). In bulk, for a
+        lease taking many at once."""
+        items = self._items
+        head = list(islice(items, limit))
+        kinds = list(map(type, head))
+        if OnDisk in kinds:
+            head = head[:kinds.index(OnDisk)]
+        pop = items.popleft
+        for _ in repeat(None, len(head)):
+            pop()
+        self._in_memory -= len(head)
+        self._len -= len(head)
+        return head
 
     def _take_in(self, run: OnDisk) -> None:
         """Put what was read ahead of ``run`` (now the head) in memory before it."""

@@ -9,6 +9,9 @@ touches only those that are due.
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from itertools import accumulate
+from operator import attrgetter
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from . import deadletter
@@ -21,7 +24,10 @@ from .pqueue import DeadlineQueue
 from .stats import ChannelStats, ClientStats, LatencySample
 
 if TYPE_CHECKING:
+    from .lease import Lease
     from .topic import Topic
+
+_BODY = attrgetter("body")
 
 
 class Channel:
@@ -145,7 +151,7 @@ class Channel:
         consumer.rdy = count
         self._pump()
 
-    def take(self, holder: Consumer, limit: int, max_bytes: int = 0,
+    def take(self, holder: "Lease", limit: int, max_bytes: int = 0,
              at_least_one: bool = True) -> list[Message]:
         """Move up to ``limit`` ready messages in flight to ``holder`` at once; with
         ``max_bytes`` > 0, stop before their bodies pass it (taking one at least,
@@ -161,18 +167,32 @@ class Channel:
         size = 0
         now_ns = self._clock.wall_ns()
         while len(taken) < limit:
-            msg = self._next_ready(wait=False, now_ns=now_ns)
-            if msg is None:
-                break
-            if max_bytes and (taken or not at_least_one) and size + len(msg.body) > max_bytes:
-                ready.push_front([msg])
-                break
-            taken.append(msg)
-            size += len(msg.body)
+            # In bulk while they are in memory; one at a time from disk.
+            msgs = ready.popleft_in_memory(limit - len(taken))
+            if msgs:
+                if not deadletter.all_deliverable(self, msgs, now_ns):
+                    msgs = [m for m in msgs if not self._leaves(m, now_ns)]
+            else:
+                msg = self._next_ready(wait=False, now_ns=now_ns)
+                if msg is None:
+                    break
+                msgs = [msg]
+            if max_bytes:
+                # ends[i]: bytes taken before msgs[i]; keep those that end within max_bytes.
+                ends = list(accumulate(map(len, map(_BODY, msgs)), initial=size))
+                keep = max(0, bisect_right(ends, max_bytes) - 1)
+                if not keep and not taken and at_least_one:
+                    keep = 1
+                if keep < len(msgs):
+                    ready.push_front(msgs[keep:])
+                    taken += msgs[:keep]
+                    break
+                size = ends[-1]
+            taken += msgs
         self._hold_all(holder, taken)
         return taken
 
-    def reclaim(self, holder: Consumer, wanted: list[str]) -> list[Message]:
+    def reclaim(self, holder: "Lease", wanted: list[str]) -> list[Message]:
         """Take the messages with ids ``wanted`` back in flight to ``holder`` if they are
         still waiting in memory in this channel (not delivered elsewhere meanwhile); in
         ``wanted``'s order. Scans the ready queue once.
@@ -187,7 +207,7 @@ class Channel:
         self._hold_all(holder, taken)
         return taken
 
-    def _hold_all(self, holder: Consumer, msgs: list[Message]) -> None:
+    def _hold_all(self, holder: "Lease", msgs: list[Message]) -> None:
         """Put ``msgs`` in flight to ``holder``, sharing one deadline."""
         now = self._clock.monotonic()
         for msg in msgs:
@@ -196,7 +216,7 @@ class Channel:
             msg.delivered_at = now
         self._in_flight.push_many(msgs, now + holder.msg_timeout)
         self._timers_started()
-        holder.in_flight.update((m.id, m) for m in msgs)
+        holder.hold(msgs)
         holder.message_count += len(msgs)
         self._store.delivered(self, msgs)
 

@@ -17,6 +17,7 @@ crash between the two can duplicate a dead letter but never lose it.
 from __future__ import annotations
 
 import logging
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from .errors import BrokerError, InvalidRequest
@@ -33,6 +34,7 @@ DEAD_SUFFIX = ".dead"
 # A dead letter that cannot be written (disk full) is retried this much later.
 RETRY_DELAY = 1.0
 ATTEMPTS, EXPIRED = "attempts", "expired"
+_ATTEMPTS, _EXPIRES = attrgetter("attempts"), attrgetter("expires")
 
 
 def default_dead_letter_topic(topic: str) -> str:
@@ -131,6 +133,15 @@ def verdict(channel: "Channel", msg: Message, now_ns: int) -> str:
     if limit and msg.attempts >= limit:
         return ATTEMPTS
     return ""
+
+
+def all_deliverable(channel: "Channel", msgs: list[Message], now_ns: int) -> bool:
+    """Whether ``verdict`` lets every one of ``msgs`` be delivered now: checked in bulk,
+    without a call per message (a lease takes thousands at once)."""
+    limit = max_attempts(channel)
+    if limit and max(map(_ATTEMPTS, msgs), default=0) >= limit:
+        return False
+    return min(filter(None, map(_EXPIRES, msgs)), default=now_ns + 1) > now_ns
 
 
 def expires_at(now_ns: int, ttl_ms: int) -> int:

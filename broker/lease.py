@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import itertools
 import secrets
+from collections.abc import MutableMapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from operator import attrgetter
+from typing import TYPE_CHECKING, Iterator
 
 from .consumer import Consumer
 from .message import Message
@@ -29,6 +31,55 @@ if TYPE_CHECKING:
     from .channel import Channel
 
 _session_ids = itertools.count(1)
+_ID, _BODY = attrgetter("id"), attrgetter("body")
+
+
+class HeldMessages(MutableMapping):
+    """A lease's in-flight messages by id, as a consumer's dict holds them.
+
+    A lease mostly leaves whole (FIN, REQ, TOUCH of the lease), so its messages are
+    kept as a list; the dict by id, a third of a large reserve's cost, is built only
+    when one message is looked up or leaves alone (its own timeout).
+    """
+
+    __slots__ = ("_list", "_by_id")
+
+    def __init__(self) -> None:
+        self._list: list[Message] = []
+        self._by_id: dict[str, Message] | None = None
+
+    def add(self, msgs: list[Message]) -> None:
+        if self._by_id is None:
+            self._list += msgs
+        else:
+            self._by_id.update(zip(map(_ID, msgs), msgs))
+
+    def _dict(self) -> dict[str, Message]:
+        if self._by_id is None:
+            self._by_id = dict(zip(map(_ID, self._list), self._list))
+            self._list = []
+        return self._by_id
+
+    def __len__(self) -> int:
+        return len(self._list) if self._by_id is None else len(self._by_id)
+
+    def __iter__(self) -> Iterator[str]:
+        return map(_ID, self._list) if self._by_id is None else iter(self._by_id)
+
+    def __getitem__(self, msg_id: str) -> Message:
+        return self._dict()[msg_id]
+
+    def __setitem__(self, msg_id: str, msg: Message) -> None:
+        self._dict()[msg_id] = msg
+
+    def __delitem__(self, msg_id: str) -> None:
+        del self._dict()[msg_id]
+
+    def values(self) -> list[Message]:  # type: ignore[override]
+        return list(self._list) if self._by_id is None else list(self._by_id.values())
+
+    def clear(self) -> None:
+        self._list, self._by_id = [], None
 
 
 class Lease(Consumer):
@@ -36,9 +87,14 @@ class Lease(Consumer):
 
     def __init__(self, session: "LeaseSession", *, msg_timeout: float) -> None:
         super().__init__(_ignore, msg_timeout=msg_timeout, client_id=session.client_id)
+        self.in_flight: HeldMessages = HeldMessages()  # type: ignore[assignment]
         self.lease_id = secrets.token_hex(12)
         self.session = session
         self.order: list[Message] = []
+
+    def hold(self, msgs: list[Message]) -> None:
+        """``msgs`` are now in flight to this lease (the channel's ``take``, ``reclaim``)."""
+        self.in_flight.add(msgs)
 
     def slice(self, partition: int, num_partitions: int) -> list[Message]:
         """This lease's messages for one partition, still held; fixed at reserve time."""
@@ -104,7 +160,7 @@ class Reservation:
         limit = min(self.messages_left, RESERVE_STEP_MESSAGES)
         cap = min(self.step_bytes, self.bytes_left) if self.max_bytes else self.step_bytes
         took = self.channel.take(self.lease, limit, cap, at_least_one=first)
-        size = sum([len(m.body) for m in took])
+        size = sum(map(len, map(_BODY, took)))
         self.lease.order.extend(took)
         self.messages_left -= len(took)
         self.bytes += size

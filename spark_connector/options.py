@@ -78,9 +78,13 @@ def _bool(given: dict[str, str], name: str, default: bool) -> bool:
 
 
 # Defaults that bound a micro-batch, so a first batch over a large backlog
-# neither loads it all into memory nor outlives its timeouts.
-DEFAULT_MAX_MESSAGES_PER_TRIGGER = 100_000
-DEFAULT_MAX_BYTES_PER_TRIGGER = 64 << 20
+# neither loads it all into memory nor outlives its timeouts. Spark pays a few
+# hundred ms per micro-batch whatever its size, so a batch is made large enough
+# that this is small next to reading it (1M messages of 100 B fit in one); what
+# bounds it is the broker's memory: a batch read back from disk is held in memory
+# while it runs, about 128 MiB of bodies plus ~300 B a message at most.
+DEFAULT_MAX_MESSAGES_PER_TRIGGER = 1_000_000
+DEFAULT_MAX_BYTES_PER_TRIGGER = 128 << 20
 # How long a broker that answered before may stay silent (a restart, a blip) before it
 # counts as unreachable: calls meanwhile wait for it to come back.
 DEFAULT_RECONNECT_TIMEOUT_MS = 30_000

@@ -4,8 +4,8 @@
          .option("address", "127.0.0.1:4170")       # one or more host:port, or:
          # .option("lookupdHttpAddress", "127.0.0.1:4161")  # the fleet nsqlookupd lists
          .option("topic", "events").option("channel", "spark")
-         .option("maxMessagesPerTrigger", 10000)    # default 100000
-         .option("maxBytesPerTrigger", 1 << 20)     # bodies per batch, default 64 MiB
+         .option("maxMessagesPerTrigger", 10000)    # default 1000000
+         .option("maxBytesPerTrigger", 1 << 20)     # bodies per batch, default 128 MiB
          .load()
 
 How a micro-batch holds its messages. Only the holder of an NSQ message may

@@ -230,3 +230,15 @@ def test_a_producer_repeat_with_other_ttls_is_a_conflict_not_a_silent_drop():
         broker.multi_publish("events", [b"a", b"b"], producer_id="p", sequence=1,
                              ttl_ms=[9000, 0])
     assert broker.stats("events")[0].message_count == 2
+
+
+def test_a_lease_skips_expired_messages_among_live_ones_and_keeps_publish_order():
+    broker, clock = new_broker()
+    broker.create_channel("events", "spark", max_attempts=5)
+    ids = broker.multi_publish("events", [b"%d" % i for i in range(6)],
+                               ttl_ms=[1000, 0, 1000, 0, 0, 1000])
+    clock.advance(2)
+    session = broker.open_lease_session()
+    lease, _ = broker.reserve(session.session_id, "events", "spark", 10)
+    assert [m.id for m in lease.order] == [ids[1], ids[3], ids[4]]
+    assert sorted(drain(broker, "events.dead", "audit")) == sorted([ids[0], ids[2], ids[5]])

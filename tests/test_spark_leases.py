@@ -206,7 +206,7 @@ def test_reserve_spreads_the_read_limit_over_the_brokers(broker, client):
 
 def test_reader_option_defaults_bound_every_batch():
     o = ReaderOptions.parse({"address": "127.0.0.1:4170", "topic": "events", "channel": "spark"})
-    assert (o.max_messages_per_trigger, o.max_bytes_per_trigger) == (100_000, 64 << 20)
+    assert (o.max_messages_per_trigger, o.max_bytes_per_trigger) == (1_000_000, 128 << 20)
     assert (o.num_partitions, o.timeout_ms, o.msg_timeout_ms, o.client_id,
             o.fail_on_data_loss) == (2, 10_000, 60_000, "", True)
 
