@@ -4,13 +4,16 @@
 
 1. Publish N × 100-byte messages (MPUB, batches of 100) to a `pynsqd`, then
    consume and FIN them all, once memory-only and once durable (default
-   --sync-every), each broker a fresh subprocess: msgs/s and the ratio.
+   --sync-every), each broker a fresh subprocess: msgs/s, the ratio, and the
+   broker's CPU per message in each phase.
 2. Queue M messages on a durable broker: its RSS, and the data path's size
    before and after a consumer has FINed them all.
 3. RSS with M messages queued in each backlog shape (a topic with no channel, a
    paused topic, a paused channel, a deep channel), each in a fresh broker.
 4. Restart with M messages pending in each of 3 channels: time until the
    broker answers, and its peak RSS (VmHWM) during recovery.
+
+`--queued 0` runs part 1 only.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ from pathlib import Path
 from broker import Client
 
 try:
-    from .common import start_pynsqd, stop
+    from .common import cpu_seconds, start_pynsqd, stop
 except ImportError:  # run as a script
-    from common import start_pynsqd, stop
+    from common import cpu_seconds, start_pynsqd, stop
 
 BODY = b"x" * 100
 
@@ -114,19 +117,36 @@ def du_mb(path: Path) -> float:
 
 
 def throughput(n: int, *args: str) -> dict:
+    """msgs/s of publishing then consuming ``n`` messages, and the broker's CPU (user +
+    system, all its threads) per message in each phase: steadier than msgs/s on a busy
+    machine."""
     proc, address = start_pynsqd(*args)
     try:
+        cpu_0 = cpu_seconds(proc.pid)
         pub_s = publish(address, n)
+        cpu_1 = cpu_seconds(proc.pid)
         sub_s = consume(address, n)
+        cpu_2 = cpu_seconds(proc.pid)
     finally:
         stop(proc)
-    return {"publish_msgs_per_s": round(n / pub_s), "consume_msgs_per_s": round(n / sub_s)}
+    return {"publish_msgs_per_s": round(n / pub_s), "consume_msgs_per_s": round(n / sub_s),
+            "publish_cpu_us_per_msg": round((cpu_1 - cpu_0) / n * 1e6, 2),
+            "consume_cpu_us_per_msg": round((cpu_2 - cpu_1) / n * 1e6, 2)}
 
 
 def run(messages: int, queued: int) -> dict:
+    """Every part; ``queued`` 0 skips parts 2-4 (RSS, data path size, restart)."""
     with tempfile.TemporaryDirectory() as tmp:
         memory = throughput(messages)
         durable = throughput(messages, "--data-path", f"{tmp}/throughput")
+        speed = {
+            "messages": messages, "memory": memory, "durable": durable,
+            "durable_vs_memory_publish": round(durable["publish_msgs_per_s"]
+                                               / memory["publish_msgs_per_s"], 3),
+            "durable_vs_memory_consume": round(durable["consume_msgs_per_s"]
+                                               / memory["consume_msgs_per_s"], 3)}
+        if not queued:
+            return speed
         data = Path(tmp) / "queued"
         proc, address = start_pynsqd("--data-path", str(data))
         try:
@@ -141,12 +161,7 @@ def run(messages: int, queued: int) -> dict:
         shapes = shape_rss(tmp, queued)
         restarted = restart(tmp, queued)
     return {
-        "messages": messages, "memory": memory, "durable": durable,
-        "durable_vs_memory_publish": round(durable["publish_msgs_per_s"]
-                                           / memory["publish_msgs_per_s"], 3),
-        "durable_vs_memory_consume": round(durable["consume_msgs_per_s"]
-                                           / memory["consume_msgs_per_s"], 3),
-        "queued": queued, "rss_mb_with_queued": round(rss, 1),
+        **speed, "queued": queued, "rss_mb_with_queued": round(rss, 1),
         "data_path_mb_before_consuming": round(before, 1),
         "data_path_mb_after_consuming": round(after, 2),
         "rss_mb_by_shape": shapes, "restart": restarted}

@@ -289,3 +289,17 @@ def test_dedupe_entries_and_the_latest_config_of_each_channel_are_kept():
     assert replay.config == {"a": b"{2}", "": b"{t}"}
     replay.read(4, scanned(records.channel_op(records.DELETE, "a"))[0])
     assert replay.config == {"": b"{t}"}
+
+
+def test_a_publish_encoded_in_one_pass_is_byte_for_byte_one_pub_record_per_message():
+    ids = [f"{n:016x}" for n in range(0x1234_5678_9abc_def0, 0x1234_5678_9abc_def0 + 6)]
+    stamps = [1_000 + i for i in range(6)]
+    bodies = [bytes([65 + i]) * (i + 1) for i in range(6)]
+    deliver_ats = [0, 5_000, 0, 0, 7_000, 0]
+    expiries = [0, 0, 9_000, 0, 9_500, 0]
+    for held in (False, True):
+        data, starts = records.pubs(ids, stamps, bodies, deliver_ats, expiries, held)
+        one_by_one = [records.pub(int(i, 16), ts, at, held, body, expires=exp)
+                      for i, ts, body, at, exp in zip(ids, stamps, bodies, deliver_ats, expiries)]
+        assert data == b"".join(one_by_one)
+        assert starts == [sum(len(r) for r in one_by_one[:k]) for k in range(6)]

@@ -78,6 +78,36 @@ def pub(msg_id: int, timestamp: int, deliver_at: int, held: bool, body: bytes,
     return encode(PUB, head + body)
 
 
+# A PUB's head with the id as its 8 raw bytes.
+_PUB_HEAD_RAW_ID = struct.Struct(">8sqqB")
+
+
+def pubs(ids: list[str], timestamps: list[int], bodies: list[bytes], deliver_ats: list[int],
+         expires: list[int], held: bool) -> tuple[bytes, list[int]]:
+    """The PUB records of several messages (ids given as 16 hex digits, as messages carry
+    them), joined, and where each starts in the result: the same bytes as ``pub`` for each,
+    made in one pass."""
+    raw = bytes.fromhex("".join(ids))
+    pack_head, pack_header = _PUB_HEAD_RAW_ID.pack, HEADER.pack
+    pack_expires, crc32, seed = PUB_EXPIRES.pack, zlib.crc32, _SEEDS[PUB]
+    flags = HELD if held else 0
+    parts: list[bytes] = []
+    starts: list[int] = []
+    at = 0
+    for i, (ts, body, deliver_at, expiry) in enumerate(zip(timestamps, bodies, deliver_ats,
+                                                          expires)):
+        starts.append(at)
+        if expiry:
+            head = (pack_head(raw[8 * i:8 * i + 8], ts, deliver_at, flags | EXPIRES)
+                    + pack_expires(expiry))
+        else:
+            head = pack_head(raw[8 * i:8 * i + 8], ts, deliver_at, flags)
+        length = len(head) + len(body)
+        parts += (pack_header(MAGIC, PUB, length, crc32(body, crc32(head, seed))), head, body)
+        at += HEADER_SIZE + length
+    return b"".join(parts), starts
+
+
 def fins(channel: str, msg_ids: list[int]) -> list[bytes]:
     return [encode(FIN, _name(channel) + struct.pack(f">{len(chunk)}Q", *chunk))
             for chunk in _chunks(msg_ids)]
@@ -235,6 +265,10 @@ _SEEDS = {PUB: zlib.crc32(bytes((PUB,))), MOVE: zlib.crc32(bytes((MOVE,)))}
 PUB_WHOLE = struct.Struct(HEADER.format + PUB_HEAD.format[1:])
 PUB_SEED = _SEEDS[PUB]
 PUB_BODY_AT = PUB_WHOLE.size
+# The fields of a PUB's header and head that reading it back checks or keeps: the magic
+# as a number, type, length, crc32, publish ns, flags (the id is taken as bytes).
+PUB_CHECK = struct.Struct(">HBII8xq8xB")
+MAGIC_NUMBER = int.from_bytes(MAGIC, "big")
 
 
 @dataclass(slots=True)

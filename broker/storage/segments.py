@@ -169,22 +169,23 @@ class TopicLog:
         files, fd, fd_seg = self.files, -1, -1
         block, block_loc, size = b"", 0, 0
         message_at, header = records.message_at, records.HEADER_SIZE
-        unpack, crc32, seed = records.PUB_WHOLE.unpack_from, zlib.crc32, records.PUB_SEED
-        magic_ok, pub, body_at, flags_ok = records.MAGIC, records.PUB, records.PUB_BODY_AT, 0
+        unpack, crc32, seed = records.PUB_CHECK.unpack_from, zlib.crc32, records.PUB_SEED
+        magic_ok, pub, body_at = records.MAGIC_NUMBER, records.PUB, records.PUB_BODY_AT
+        append = out.append
         try:
             for loc in locs:
                 rel = loc - block_loc
                 # The common case: a PUB with no expiry, whole in the block read.
                 if 0 <= rel and rel + body_at <= size:
-                    magic, kind, length, crc, _, ts, _, flags = unpack(block, rel)
-                    stop = rel + header + length
-                    if (magic == magic_ok and kind == pub and flags & EXPIRES == flags_ok
-                            and stop <= size and crc32(block[rel + header:stop], seed) == crc):
+                    magic, kind, length, crc, ts, flags = unpack(block, rel)
+                    start = rel + header
+                    stop = start + length
+                    if (magic == magic_ok and kind == pub and not flags & EXPIRES
+                            and stop <= size and crc32(block[start:stop], seed) == crc):
                         # The id's 8 bytes in hex are the message's id.
-                        msg = Message(block[rel + header:rel + header + 8].hex(),
-                                      block[rel + body_at:stop], ts)
+                        msg = Message(block[start:start + 8].hex(), block[rel + body_at:stop], ts)
                         msg.loc = loc
-                        out.append(msg)
+                        append(msg)
                         continue
                 found = message_at(block, rel) if 0 <= rel < size else None
                 if found is None:
@@ -202,13 +203,13 @@ class TopicLog:
                     size = len(block)
                     found = message_at(block, 0)
                 if found is None:
-                    out.append(None)
+                    append(None)
                     continue
                 msg_id, ts, body, expires = found
                 msg = Message(msg_id, body, ts)
                 msg.loc = loc
                 msg.expires = expires
-                out.append(msg)
+                append(msg)
         finally:
             if fd >= 0:
                 files.close(fd)

@@ -38,8 +38,10 @@ import logging
 import os
 import time
 from array import array
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
@@ -64,6 +66,9 @@ log = logging.getLogger("pynsqd")
 RELOCATE_AT_MOST = 1024
 # Bytes of a log file read at once at start.
 SCAN_BLOCK = 4 << 20
+
+_id, _timestamp, _body, _expires, _loc, _attempts = (
+    attrgetter(name) for name in ("id", "timestamp", "body", "expires", "loc", "attempts"))
 
 
 class DataPathLocked(RuntimeError):
@@ -173,8 +178,8 @@ class _Batch:
         # Messages delivered, with their count as it is now; a FINed one has no
         # location any more and needs none.
         held = [m for m in self.entries if m.loc]
-        return records.attempts_of(self.channel, [m.id for m in held],
-                                   [m.attempts for m in held])
+        return records.attempts_of(self.channel, list(map(_id, held)),
+                                   list(map(_attempts, held)))
 
 
 @dataclass
@@ -301,23 +306,22 @@ class DiskStore(Store):
                                     f"({limit}); retry once consumers catch up")
         now_ns = self.broker.clock.wall_ns()
         held = topic.holds
-        parts = [records.pub(int(m.id, 16), m.timestamp,
-                             now_ns + d * 1_000_000 if d else 0, held, m.body, m.expires)
-                 for m, d in zip(msgs, defers or [0] * len(msgs))]
-        if producer is not None:
-            parts.append(records.dedupe(producer))
+        data, starts = records.pubs(
+            list(map(_id, msgs)), list(map(_timestamp, msgs)), list(map(_body, msgs)),
+            [now_ns + d * 1_000_000 if d else 0 for d in defers] if any(defers)
+            else [0] * len(msgs), list(map(_expires, msgs)), held)
         queued, prefix = self._encode_queued(topic.name)
         try:
-            loc = topic_log.append(prefix + b"".join(parts))
+            loc = topic_log.append(b"".join((prefix, data, records.dedupe(producer)
+                                             if producer is not None else b"")))
         except OSError as err:
             log.error("%s: a publish could not be written: %s", topic_log.dir, err)
             raise StorageFailed(f"PUB to {topic.name} failed: the data path could not take "
                                 f"it ({err.strerror or err}); nothing was accepted") from None
         self._written(topic.name, queued)
         loc += len(prefix)
-        for msg, part in zip(msgs, parts):
-            msg.loc = loc
-            loc += len(part)
+        for msg, start in zip(msgs, starts):
+            msg.loc = loc + start
         seg = segment_of(loc)
         topic_log.hold(seg, (1 if held else len(topic.channels)) * len(msgs))
         if producer is not None:
@@ -372,21 +376,22 @@ class DiskStore(Store):
             self._queue_batch(channel, records.ATTEMPTS, msgs)
 
     def finished(self, channel: "Channel", msgs: list[Message]) -> None:
-        per_segment: dict[int, int] = {}
-        ids = []
-        for msg in msgs:
-            loc = msg.loc
-            if loc:
-                seg = loc >> OFFSET_BITS
-                per_segment[seg] = per_segment.get(seg, 0) + 1
-                ids.append(msg.id)
-                msg.loc = 0  # gone: no delivery count is written for it any more
-        if not per_segment:
+        locs = list(map(_loc, msgs))
+        if 0 in locs:  # some were never on disk (ephemeral, or already FINed)
+            msgs = [m for m, loc in zip(msgs, locs) if loc]
+            locs = [loc for loc in locs if loc]
+        if not locs:
             return
         if self._durable(channel):
-            self._queue_batch(channel, records.FIN, ids)
+            self._queue_batch(channel, records.FIN, list(map(_id, msgs)))
+        for msg in msgs:
+            msg.loc = 0  # gone: no delivery count is written for it any more
         topic_log = self.logs[channel.topic.name]
-        for seg, count in per_segment.items():
+        first, last = min(locs) >> OFFSET_BITS, max(locs) >> OFFSET_BITS
+        if first == last:  # the usual case: all in one segment
+            topic_log.release(first, len(locs))
+            return
+        for seg, count in Counter(loc >> OFFSET_BITS for loc in locs).items():
             topic_log.release(seg, count)
 
     def deferred(self, channel: "Channel", msg: Message, delay: float) -> None:
