@@ -86,12 +86,16 @@ def run_nsqd(folder: Path, runfor: str) -> dict:
             stop(proc)
 
 
-def run_pynsqd(folder: Path, runfor: str, event_loop: str = "asyncio") -> dict:
+def run_pynsqd(folder: Path, runfor: str, event_loop: str = "asyncio",
+               durable: bool = True) -> dict:
+    """pynsqd under ``event_loop``; with ``durable`` False, without a data path (memory
+    only), which tells storage's share of the cost from the rest."""
     tcp = free_port()
     with tempfile.TemporaryDirectory(prefix="pynsqd-bench-") as data:
         loop = ["--event-loop", event_loop] if event_loop != "asyncio" else []
+        path = ["--data-path", data] if durable else []
         proc, _ = start_pynsqd("--tcp-address", f"127.0.0.1:{tcp}", "--http-address", "",
-                               "--data-path", data, *loop)
+                               *path, *loop)
         try:
             wait_listening(tcp)
             return write_then_read(folder, tcp, runfor, proc.pid)

@@ -15,7 +15,7 @@ from . import deadletter
 from .backlog import Backlog
 from .consumer import Consumer
 from .errors import NotInFlight
-from .message import Message
+from .message import MAX_ATTEMPTS, Message
 from .names import is_ephemeral
 from .pqueue import DeadlineQueue
 from .stats import ChannelStats, ClientStats, LatencySample
@@ -330,37 +330,115 @@ class Channel:
 
     # -- delivery ---------------------------------------------------------
     def _pump(self) -> None:
-        if self.paused or not self._consumers:
+        """Hand ready messages to the consumers with room, one message at a time in
+        round-robin order (after the consumer served last). A pass records what each
+        consumer gets in flight, then hands it over as one batch; a consumer whose
+        ``batch_bytes`` filled gets another pass once it has taken the batch (its
+        transport may have blocked it meanwhile)."""
+        if self.paused or not self._ready or not self._consumers:
             return
-        ready = self._ready
-        if not ready:
-            return
+        again = True
+        while again and self._ready and not self.paused:
+            again = self._pump_pass()
+
+    def _pump_pass(self) -> bool:
+        """One pass of ``_pump``; whether a consumer stopped short of its room on bytes."""
         consumers = self._consumers
         n = len(consumers)
+        rooms = [c.room() for c in consumers]
+        room = sum(r for r in rooms if r > 0)
+        if not room:
+            return False
+        budgets = [c.batch_bytes for c in consumers]
+        bounded = all(budgets[i] for i in range(n) if rooms[i] > 0)
+        max_bytes = sum(budgets[i] for i in range(n) if rooms[i] > 0) if bounded else 0
+        msgs = self._take_ready(room, max_bytes)
+        if not msgs:
+            return False
+        if n == 1:
+            batches, full = [msgs], False
+        else:
+            batches, rest, full = self._share(msgs, rooms, budgets)
+            if rest:
+                self._ready.push_front(rest)
+        # Stopped on bytes, not on room: another pass, once this one is handed over.
+        again = full or (bool(max_bytes) and len(msgs) < room)
         now = self._clock.monotonic()
-        now_ns = self._clock.wall_ns()
-        push = self._in_flight.push
+        in_flight = self._in_flight
         delivered: list[Message] = []
-        while ready:
-            for i in range(n):
-                consumer = consumers[(self._rr + i) % n]
-                if consumer.can_receive():
-                    self._rr = (self._rr + i + 1) % n
-                    break
-            else:
+        for i, batch in enumerate(batches):
+            if not batch:
+                continue
+            consumer = consumers[i]
+            for msg in batch:
+                if msg.attempts < MAX_ATTEMPTS:
+                    msg.attempts += 1
+                msg.consumer = consumer
+            in_flight.push_many(batch, now + consumer.msg_timeout)
+            consumer.in_flight.update({msg.id: msg for msg in batch})
+            delivered += batch
+        self._timers_started()
+        self._store.delivered(self, delivered)
+        for i, batch in enumerate(batches):
+            if batch:
+                consumers[i].deliver_many(batch)
+        return again
+
+    def _share(self, msgs: list[Message], rooms: list[int], budgets: list[int]
+               ) -> tuple[list[list[Message]], list[Message], bool]:
+        """Deal ``msgs`` round-robin to the consumers with room, each up to its room and
+        its byte budget; (each consumer's batch, what nobody took, whether a budget
+        stopped a consumer)."""
+        n = len(rooms)
+        batches: list[list[Message]] = [[] for _ in range(n)]
+        sizes = [0] * n
+        left = sum(r for r in rooms if r > 0)
+        rr = self._rr % n
+        full = False
+        taken = 0
+        for msg in msgs:
+            if not left:
                 break
-            msg = self._next_ready(now_ns=now_ns)
+            while rooms[rr] <= 0:
+                rr = (rr + 1) % n
+            batches[rr].append(msg)
+            taken += 1
+            rooms[rr] -= 1
+            left -= 1
+            if budgets[rr]:
+                sizes[rr] += len(msg.body)
+                if sizes[rr] >= budgets[rr] and rooms[rr] > 0:
+                    left -= rooms[rr]
+                    rooms[rr] = 0
+                    full = True
+            rr = (rr + 1) % n
+        self._rr = rr
+        return batches, msgs[taken:], full
+
+    def _take_ready(self, count: int, max_bytes: int) -> list[Message]:
+        """Up to ``count`` messages off the ready queue, in order, stopping once their
+        bodies reach ``max_bytes`` (0: no bound); those that must not be delivered
+        leave on the way (see ``_leaves``)."""
+        popleft = self._ready.popleft
+        limit = deadletter.max_attempts(self)
+        now_ns = self._clock.wall_ns()
+        taken: list[Message] = []
+        append = taken.append
+        size = 0
+        while count > 0:
+            msg = popleft()
             if msg is None:
                 break
-            msg.delivered()
-            msg.consumer = consumer
-            msg.delivered_at = now
-            push(msg, now + consumer.msg_timeout)
-            delivered.append(msg)
-            consumer.deliver(msg)
-        if delivered:
-            self._timers_started()
-            self._store.delivered(self, delivered)
+            # Only a message with an expiry, or any under a max_attempts, may have to leave.
+            if (msg.expires or limit) and self._leaves(msg, now_ns):
+                continue
+            append(msg)
+            count -= 1
+            if max_bytes:
+                size += len(msg.body)
+                if size >= max_bytes:
+                    break
+        return taken
 
     def _next_ready(self, wait: bool = True, now_ns: int = 0) -> Message | None:
         """The next message to deliver (None: none, or, if ``wait``, not read from disk

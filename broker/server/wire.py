@@ -51,14 +51,23 @@ def frame(kind: int, data: bytes) -> bytes:
 
 
 def message_frame(msg_id: str, body: bytes, timestamp: int, attempts: int) -> bytes:
-    return b"".join(message_frame_parts(msg_id, body, timestamp, attempts))
+    """A MSG frame: ``MESSAGE_OVERHEAD`` bytes more than the body."""
+    return (MESSAGE_HEAD.pack(len(body) + 30, FRAME_MESSAGE, timestamp, attempts)
+            + msg_id.encode() + body)
 
 
-def message_frame_parts(msg_id: str, body: bytes, timestamp: int,
-                        attempts: int) -> tuple[bytes, bytes, bytes]:
-    """A MSG frame as (head, id, body), ``MESSAGE_OVERHEAD`` bytes more than the body."""
-    return (MESSAGE_HEAD.pack(len(body) + 30, FRAME_MESSAGE, timestamp, attempts),
-            msg_id.encode(), body)
+def add_message_frames(out: list[bytes], msgs) -> int:
+    """Append the MSG frames of ``msgs`` (objects with ``id``, ``body``, ``timestamp`` and
+    ``attempts``) to ``out`` as (head, id, body) parts, to be joined once per write;
+    returns the bytes added."""
+    pack = MESSAGE_HEAD.pack
+    size = 0
+    for msg in msgs:
+        body = msg.body
+        out += (pack(len(body) + 30, FRAME_MESSAGE, msg.timestamp, msg.attempts),
+                msg.id.encode(), body)
+        size += len(body)
+    return size + MESSAGE_OVERHEAD * len(msgs)
 
 
 def error_frame(err: BrokerError) -> bytes:
