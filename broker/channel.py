@@ -223,8 +223,7 @@ class Channel:
         """``msgs``, out of ``holder``'s hands, leave flight: counted, timed, told to the store."""
         self._in_flight.cancel_many(msgs)
         wall_ns = self._clock.wall_ns()
-        for msg in msgs:
-            msg.consumer = None
+        # ``msg.consumer`` is left as it is: nothing reads it once a message is gone.
         self.latency.add_many([(wall_ns - msg.timestamp) / 1e6 for msg in msgs])
         holder.finish_count += len(msgs)
         self.finish_count += len(msgs)
@@ -332,9 +331,10 @@ class Channel:
     def _pump(self) -> None:
         """Hand ready messages to the consumers with room, one message at a time in
         round-robin order (after the consumer served last). A pass records what each
-        consumer gets in flight, then hands it over as one batch; a consumer whose
-        ``batch_bytes`` filled gets another pass once it has taken the batch (its
-        transport may have blocked it meanwhile)."""
+        consumer gets in flight, then hands it over as one batch. A pass takes no more
+        body bytes than the smallest ``batch_bytes`` among them, so no batch passes its
+        consumer's; when that stopped it, another pass follows once the batches are
+        handed over (a transport may have blocked its consumer meanwhile)."""
         if self.paused or not self._ready or not self._consumers:
             return
         again = True
@@ -342,78 +342,55 @@ class Channel:
             again = self._pump_pass()
 
     def _pump_pass(self) -> bool:
-        """One pass of ``_pump``; whether a consumer stopped short of its room on bytes."""
+        """One pass of ``_pump``; whether it stopped on bytes rather than on room."""
         consumers = self._consumers
-        n = len(consumers)
         rooms = [c.room() for c in consumers]
         room = sum(r for r in rooms if r > 0)
         if not room:
             return False
-        budgets = [c.batch_bytes for c in consumers]
-        bounded = all(budgets[i] for i in range(n) if rooms[i] > 0)
-        max_bytes = sum(budgets[i] for i in range(n) if rooms[i] > 0) if bounded else 0
+        max_bytes = min((c.batch_bytes for c, r in zip(consumers, rooms)
+                         if r > 0 and c.batch_bytes), default=0)
         msgs = self._take_ready(room, max_bytes)
         if not msgs:
             return False
-        if n == 1:
-            batches, full = [msgs], False
-        else:
-            batches, rest, full = self._share(msgs, rooms, budgets)
-            if rest:
-                self._ready.push_front(rest)
-        # Stopped on bytes, not on room: another pass, once this one is handed over.
-        again = full or (bool(max_bytes) and len(msgs) < room)
+        batches = [(consumers[0], msgs)] if len(consumers) == 1 else self._share(msgs, rooms)
         now = self._clock.monotonic()
         in_flight = self._in_flight
-        delivered: list[Message] = []
-        for i, batch in enumerate(batches):
-            if not batch:
-                continue
-            consumer = consumers[i]
+        for consumer, batch in batches:
             for msg in batch:
                 if msg.attempts < MAX_ATTEMPTS:
                     msg.attempts += 1
                 msg.consumer = consumer
             in_flight.push_many(batch, now + consumer.msg_timeout)
             consumer.in_flight.update({msg.id: msg for msg in batch})
-            delivered += batch
         self._timers_started()
-        self._store.delivered(self, delivered)
-        for i, batch in enumerate(batches):
-            if batch:
-                consumers[i].deliver_many(batch)
-        return again
-
-    def _share(self, msgs: list[Message], rooms: list[int], budgets: list[int]
-               ) -> tuple[list[list[Message]], list[Message], bool]:
-        """Deal ``msgs`` round-robin to the consumers with room, each up to its room and
-        its byte budget; (each consumer's batch, what nobody took, whether a budget
-        stopped a consumer)."""
-        n = len(rooms)
-        batches: list[list[Message]] = [[] for _ in range(n)]
-        sizes = [0] * n
-        left = sum(r for r in rooms if r > 0)
+        self._store.delivered(self, msgs)
+        for consumer, batch in batches:
+            consumer.deliver_many(batch)
+        return bool(max_bytes) and len(msgs) < room
+    def _share(self, msgs: list[Message], rooms: list[int]) -> list[tuple[Consumer, list[Message]]]:
+        """Deal ``msgs`` (no more than the ``rooms`` hold in all) round-robin to the
+        consumers with room, from the one after the consumer served last; each
+        consumer with its batch, in the order they were served."""
+        consumers = self._consumers
+        n = len(consumers)
         rr = self._rr % n
-        full = False
-        taken = 0
+        order = [i for i in (*range(rr, n), *range(rr)) if rooms[i] > 0]
+        k, count = len(order), len(msgs)
+        if min(rooms[i] for i in order) >= -(-count // k):
+            # Every one has room for its turn in every round: slices, message j to
+            # order[j % k].
+            self._rr = (order[(count - 1) % k] + 1) % n
+            return [(consumers[i], msgs[j::k]) for j, i in enumerate(order[:count])]
+        batches: dict[int, list[Message]] = {}
         for msg in msgs:
-            if not left:
-                break
             while rooms[rr] <= 0:
                 rr = (rr + 1) % n
-            batches[rr].append(msg)
-            taken += 1
+            batches.setdefault(rr, []).append(msg)
             rooms[rr] -= 1
-            left -= 1
-            if budgets[rr]:
-                sizes[rr] += len(msg.body)
-                if sizes[rr] >= budgets[rr] and rooms[rr] > 0:
-                    left -= rooms[rr]
-                    rooms[rr] = 0
-                    full = True
             rr = (rr + 1) % n
         self._rr = rr
-        return batches, msgs[taken:], full
+        return [(consumers[i], batch) for i, batch in batches.items()]
 
     def _take_ready(self, count: int, max_bytes: int) -> list[Message]:
         """Up to ``count`` messages off the ready queue, in order, stopping once their

@@ -31,7 +31,6 @@ MESSAGE_OVERHEAD = MESSAGE_HEAD.size + MSG_ID_LENGTH
 MAX_LINE = 16 * 1024
 # FIN lines in the form clients send them, one after another (read in one match).
 _FINS = re.compile(rb"(?:FIN [0-9a-f]{16}\n)+")
-_FIN_LINE = len(b"FIN 0123456789abcdef\n")
 
 
 class Incomplete(Exception):
@@ -113,8 +112,8 @@ def read_fins(buf: bytes | bytearray, pos: int) -> tuple[list[str], int]:
     if match is None:
         return [], pos
     end = match.end()
-    text = buf[pos:end].decode("ascii")
-    return [text[i:i + MSG_ID_LENGTH] for i in range(4, end - pos, _FIN_LINE)], end
+    # "FIN a\nFIN b\n" -> "a\nFIN b" -> [a, b]
+    return buf[pos + 4:end - 1].decode("ascii").split("\nFIN "), end
 
 
 def read_size(buf: bytes | bytearray, pos: int, missing: BrokerError) -> tuple[int, int]:
