@@ -74,6 +74,20 @@ def test_when_every_consumer_is_full_the_one_that_frees_room_is_served_and_round
     assert (b.ids[-1], c.ids[-1], a.ids[-1]) == tuple(more)
 
 
+def test_a_consumer_with_a_batch_byte_bound_gets_its_room_in_batches_no_bigger_than_it():
+    broker, _ = new_broker()
+    batches: list[list[str]] = []
+    c = Recorder(broker)
+    c._on_messages = lambda msgs: batches.append([m.id for m in msgs])
+    c.batch_bytes = 10
+    ch = broker.subscribe(c, "events", "work")
+    ids = broker.multi_publish("events", [b"1234"] * 9)   # 4 bytes each
+    ch.set_rdy(c, 8)
+    # 3 bodies reach 10 bytes: batches of 3, 3, then the 2 its RDY still allows.
+    assert batches == [ids[0:3], ids[3:6], ids[6:8]]
+    assert list(c.in_flight) == ids[:8] and ch.depth == 1
+
+
 def test_a_consumer_gets_nothing_until_it_gives_a_rdy_count():
     broker, _ = new_broker()
     c = Recorder(broker)
