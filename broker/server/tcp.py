@@ -16,7 +16,9 @@ client closes its side mid-command, it gets the error nsqd gives for the
 truncation.
 
 Output is written once per event-loop pass, or at once when it fills the
-client's ``output_buffer_size`` (as nsqd's buffered writer does). Backpressure:
+client's ``output_buffer_size`` (as nsqd's buffered writer does). The channel
+hands a consumer its messages in batches of up to ``BATCH_BYTES`` of bodies (or
+the output buffer size, if larger), framed together and written at once. Backpressure:
 a consumer whose socket stops taking data (its unsent output passes
 ``output_buffer_size``) gets nothing more until it drains; one stuck that way
 longer than its message timeout is disconnected, and what it held goes back to
