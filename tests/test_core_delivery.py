@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from broker import InvalidRequest, NotInFlight
+from broker.consumer import Consumer
 from broker.pqueue import DeadlineQueue
 from broker.message import Message
 
@@ -77,8 +78,8 @@ def test_when_every_consumer_is_full_the_one_that_frees_room_is_served_and_round
 def test_a_consumer_with_a_batch_byte_bound_gets_its_room_in_batches_no_bigger_than_it():
     broker, _ = new_broker()
     batches: list[list[str]] = []
-    c = Recorder(broker)
-    c._on_messages = lambda msgs: batches.append([m.id for m in msgs])
+    c = Consumer(lambda msg: None, msg_timeout=60.0,
+                 on_messages=lambda msgs: batches.append([m.id for m in msgs]))
     c.batch_bytes = 10
     ch = broker.subscribe(c, "events", "work")
     ids = broker.multi_publish("events", [b"1234"] * 9)   # 4 bytes each
