@@ -4,13 +4,15 @@
 
 ``bench_writer`` (MPUB of 200 × 100-byte messages, one connection per core)
 runs for ``--runfor`` against each broker, then ``bench_reader`` (RDY 2500, one
-connection per core) drains what was written for as long. Each broker is a
+connection per core) reads what was written for half as long: a reader that ran
+out of messages would report the writer's rate, not its own. Each broker is a
 fresh subprocess with its data in a temporary directory (nsqd spills past
 ``--mem-queue-size`` to disk; pynsqd runs with ``--data-path`` so it does too).
 pynsqd runs once per event loop asked for (by default asyncio, and uvloop too
-when it is installed). Reported: msgs/s, and the broker's CPU time per message
-(from ``/proc``; steadier than msgs/s on a shared machine). The ratios are
-pynsqd ÷ nsqd from the same run.
+when it is installed), and once more memory only (no ``--data-path``), which
+tells storage's share of its cost from the rest. Reported: msgs/s, and the
+broker's CPU time per message (from ``/proc``; steadier than msgs/s on a shared
+machine). The ratios are pynsqd ÷ nsqd from the same run.
 
 NSQ's binaries are looked for in ``$NSQ_BIN``, else ``../shared/nsq/bin``
 beside the repository; when they are absent the benchmark says so and skips.
@@ -36,6 +38,17 @@ REPO = Path(__file__).resolve().parents[1]
 SIZE, BATCH = 100, 200
 OPS = re.compile(r"([\d.]+)ops/s")
 DURATION = re.compile(r"duration: ([\d.]+)s")
+GO_DURATION = re.compile(r"([\d.]+)(ns|us|µs|ms|s|m|h)")
+SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def halved(runfor: str) -> str:
+    """Half of a Go duration (``"10s"`` -> ``"5s"``; ``"1m30s"`` -> ``"45s"``)."""
+    parts = GO_DURATION.findall(runfor)
+    if not parts or "".join(n + u for n, u in parts) != runfor:
+        raise ValueError(f"--runfor {runfor!r} is not a Go duration such as 10s or 1m30s")
+    seconds = sum(float(n) * SECONDS[u] for n, u in parts) / 2
+    return f"{seconds:g}s"
 
 
 def nsq_bin(explicit: str | None = None) -> Path | None:
@@ -69,7 +82,7 @@ def bench(tool: Path, tcp_port: int, runfor: str, topic: str, pid: int) -> tuple
 def write_then_read(folder: Path, tcp_port: int, runfor: str, pid: int) -> dict:
     topic = f"sub_bench_{tcp_port}"
     write, write_cpu = bench(folder / "bench_writer", tcp_port, runfor, topic, pid)
-    read, read_cpu = bench(folder / "bench_reader", tcp_port, runfor, topic, pid)
+    read, read_cpu = bench(folder / "bench_reader", tcp_port, halved(runfor), topic, pid)
     return {"write_msgs_per_s": round(write), "read_msgs_per_s": round(read),
             "write_cpu_us_per_msg": round(write_cpu, 2), "read_cpu_us_per_msg": round(read_cpu, 2)}
 
@@ -86,12 +99,16 @@ def run_nsqd(folder: Path, runfor: str) -> dict:
             stop(proc)
 
 
-def run_pynsqd(folder: Path, runfor: str, event_loop: str = "asyncio") -> dict:
+def run_pynsqd(folder: Path, runfor: str, event_loop: str = "asyncio",
+               durable: bool = True) -> dict:
+    """pynsqd under ``event_loop``; with ``durable`` False, without a data path (memory
+    only), which tells storage's share of the cost from the rest."""
     tcp = free_port()
     with tempfile.TemporaryDirectory(prefix="pynsqd-bench-") as data:
         loop = ["--event-loop", event_loop] if event_loop != "asyncio" else []
+        path = ["--data-path", data] if durable else []
         proc, _ = start_pynsqd("--tcp-address", f"127.0.0.1:{tcp}", "--http-address", "",
-                               "--data-path", data, *loop)
+                               *path, *loop)
         try:
             wait_listening(tcp)
             return write_then_read(folder, tcp, runfor, proc.pid)
@@ -101,13 +118,15 @@ def run_pynsqd(folder: Path, runfor: str, event_loop: str = "asyncio") -> dict:
 
 def run(runfor: str = "10s", explicit_bin: str | None = None,
         loops: list[str] | None = None) -> dict:
-    """nsqd, then pynsqd under each event loop of ``loops`` (default: ``event_loops()``);
-    {"skipped": reason} when NSQ's binaries are absent. ``pynsqd`` and the ratios are
-    the first loop's; ``by_event_loop`` has every loop's figures and ratios."""
+    """nsqd, then pynsqd under each event loop of ``loops`` (default: ``event_loops()``),
+    then pynsqd memory only under the first; {"skipped": reason} when NSQ's binaries
+    are absent. ``pynsqd`` and the ratios are the first loop's; ``by_event_loop`` has
+    every loop's figures and ratios; ``pynsqd_memory_only`` its figures and read ratio."""
     folder = nsq_bin(explicit_bin)
     if folder is None:
         return {"skipped": "NSQ's binaries (nsqd, bench_writer, bench_reader) were not found: "
                            "set NSQ_BIN to their folder"}
+    halved(runfor)  # a bad duration fails here, before any broker starts
     nsqd = run_nsqd(folder, runfor)
     by_loop = {}
     for loop in loops or event_loops():
@@ -116,10 +135,13 @@ def run(runfor: str = "10s", explicit_bin: str | None = None,
                                                    / nsqd["write_msgs_per_s"], 3),
                          "read_ratio": round(r["read_msgs_per_s"] / nsqd["read_msgs_per_s"], 3)}
     first = next(iter(by_loop.values()))
+    memory = run_pynsqd(folder, runfor, next(iter(by_loop)), durable=False)
     return {"runfor": runfor, "nsqd": nsqd,
             "pynsqd": {k: v for k, v in first.items() if not k.endswith("_ratio")},
             "write_ratio": first["write_ratio"], "read_ratio": first["read_ratio"],
-            "by_event_loop": by_loop}
+            "by_event_loop": by_loop,
+            "pynsqd_memory_only": {**memory, "read_ratio": round(
+                memory["read_msgs_per_s"] / nsqd["read_msgs_per_s"], 3)}}
 
 
 def main() -> None:

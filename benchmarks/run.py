@@ -82,6 +82,12 @@ def nsq_rows(sizes: dict) -> list[dict]:
                             f"ratio {goal} (÷ nsqd 1.3.0); CPU us/msg "
                             f"{p[f'{kind}_cpu_us_per_msg']:.2f} vs nsqd "
                             f"{nsqd[f'{kind}_cpu_us_per_msg']:.2f}"))
+    memory = r["pynsqd_memory_only"]
+    rows.append(row("nsq bench_reader, pynsqd memory only (÷ nsqd)", memory["read_msgs_per_s"],
+                    "msgs/s", nsqd["read_msgs_per_s"],
+                    f"storage's share of the read; CPU us/msg "
+                    f"{memory['read_cpu_us_per_msg']:.2f} vs nsqd "
+                    f"{nsqd['read_cpu_us_per_msg']:.2f}"))
     return rows
 
 

@@ -18,7 +18,7 @@ from . import deadletter
 from .backlog import Backlog
 from .consumer import Consumer
 from .errors import NotInFlight
-from .message import Message
+from .message import MAX_ATTEMPTS, Message
 from .names import is_ephemeral
 from .pqueue import DeadlineQueue
 from .stats import ChannelStats, ClientStats, LatencySample
@@ -243,8 +243,7 @@ class Channel:
         """``msgs``, out of ``holder``'s hands, leave flight: counted, timed, told to the store."""
         self._in_flight.cancel_many(msgs)
         wall_ns = self._clock.wall_ns()
-        for msg in msgs:
-            msg.consumer = None
+        # ``msg.consumer`` is left as it is: nothing reads it once a message is gone.
         self.latency.add_many([(wall_ns - msg.timestamp) / 1e6 for msg in msgs])
         holder.finish_count += len(msgs)
         self.finish_count += len(msgs)
@@ -350,37 +349,93 @@ class Channel:
 
     # -- delivery ---------------------------------------------------------
     def _pump(self) -> None:
-        if self.paused or not self._consumers:
+        """Hand ready messages to the consumers with room, one message at a time in
+        round-robin order (after the consumer served last). A pass records what each
+        consumer gets in flight, then hands it over as one batch. A pass takes no more
+        body bytes than the smallest ``batch_bytes`` among them, so no batch passes its
+        consumer's; when that stopped it, another pass follows once the batches are
+        handed over (a transport may have blocked its consumer meanwhile)."""
+        if self.paused or not self._ready or not self._consumers:
             return
-        ready = self._ready
-        if not ready:
-            return
+        again = True
+        while again and self._ready and not self.paused:
+            again = self._pump_pass()
+
+    def _pump_pass(self) -> bool:
+        """One pass of ``_pump``; whether it stopped on bytes rather than on room."""
+        consumers = self._consumers
+        rooms = [c.room() for c in consumers]
+        room = sum(r for r in rooms if r > 0)
+        if not room:
+            return False
+        max_bytes = min((c.batch_bytes for c, r in zip(consumers, rooms)
+                         if r > 0 and c.batch_bytes), default=0)
+        msgs = self._take_ready(room, max_bytes)
+        if not msgs:
+            return False
+        batches = [(consumers[0], msgs)] if len(consumers) == 1 else self._share(msgs, rooms)
+        now = self._clock.monotonic()
+        in_flight = self._in_flight
+        for consumer, batch in batches:
+            for msg in batch:
+                if msg.attempts < MAX_ATTEMPTS:
+                    msg.attempts += 1
+                msg.consumer = consumer
+            in_flight.push_many(batch, now + consumer.msg_timeout)
+            consumer.in_flight.update({msg.id: msg for msg in batch})
+        self._timers_started()
+        self._store.delivered(self, msgs)
+        for consumer, batch in batches:
+            consumer.deliver_many(batch)
+        return bool(max_bytes) and len(msgs) < room
+    def _share(self, msgs: list[Message], rooms: list[int]) -> list[tuple[Consumer, list[Message]]]:
+        """Deal ``msgs`` (no more than the ``rooms`` hold in all) round-robin to the
+        consumers with room, from the one after the consumer served last; each
+        consumer with its batch, in the order they were served."""
         consumers = self._consumers
         n = len(consumers)
-        now = self._clock.monotonic()
+        rr = self._rr % n
+        order = [i for i in (*range(rr, n), *range(rr)) if rooms[i] > 0]
+        k, count = len(order), len(msgs)
+        if min(rooms[i] for i in order) >= -(-count // k):
+            # Every one has room for its turn in every round: slices, message j to
+            # order[j % k].
+            self._rr = (order[(count - 1) % k] + 1) % n
+            return [(consumers[i], msgs[j::k]) for j, i in enumerate(order[:count])]
+        batches: dict[int, list[Message]] = {}
+        for msg in msgs:
+            while rooms[rr] <= 0:
+                rr = (rr + 1) % n
+            batches.setdefault(rr, []).append(msg)
+            rooms[rr] -= 1
+            rr = (rr + 1) % n
+        self._rr = rr
+        return [(consumers[i], batch) for i, batch in batches.items()]
+
+    def _take_ready(self, count: int, max_bytes: int) -> list[Message]:
+        """Up to ``count`` messages off the ready queue, in order, stopping once their
+        bodies reach ``max_bytes`` (0: no bound); those that must not be delivered
+        leave on the way (see ``_leaves``)."""
+        popleft = self._ready.popleft
+        limit = deadletter.max_attempts(self)
         now_ns = self._clock.wall_ns()
-        push = self._in_flight.push
-        delivered: list[Message] = []
-        while ready:
-            for i in range(n):
-                consumer = consumers[(self._rr + i) % n]
-                if consumer.can_receive():
-                    self._rr = (self._rr + i + 1) % n
-                    break
-            else:
-                break
-            msg = self._next_ready(now_ns=now_ns)
+        taken: list[Message] = []
+        append = taken.append
+        size = 0
+        while count > 0:
+            msg = popleft()
             if msg is None:
                 break
-            msg.delivered()
-            msg.consumer = consumer
-            msg.delivered_at = now
-            push(msg, now + consumer.msg_timeout)
-            delivered.append(msg)
-            consumer.deliver(msg)
-        if delivered:
-            self._timers_started()
-            self._store.delivered(self, delivered)
+            # Only a message with an expiry, or any under a max_attempts, may have to leave.
+            if (msg.expires or limit) and self._leaves(msg, now_ns):
+                continue
+            append(msg)
+            count -= 1
+            if max_bytes:
+                size += len(msg.body)
+                if size >= max_bytes:
+                    break
+        return taken
 
     def _next_ready(self, wait: bool = True, now_ns: int = 0) -> Message | None:
         """The next message to deliver (None: none, or, if ``wait``, not read from disk

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from operator import attrgetter, eq
 from typing import Iterator
 
 from .message import Message
@@ -70,10 +71,15 @@ class DeadlineQueue:
             self._compact()
 
     def cancel_many(self, msgs: list[Message]) -> None:
-        """``cancel`` each of ``msgs`` (a lease FINed or touched whole)."""
+        """``cancel`` each of ``msgs`` (FINs read together, a lease FINed or touched whole).
+        Entries left with no live message at the top go at once: messages are mostly
+        FINed in the order they were sent, which is the order of their deadlines."""
         for msg in msgs:
             msg.token += 1
         self._live -= len(msgs)
+        heap = self._heap
+        while heap and not _has_live(heap[0]):
+            self._slots -= _size(heapq.heappop(heap))
         if self._slots > self._compact_above and self._slots > 4 * self._live:
             self._compact()
 
@@ -130,15 +136,19 @@ class DeadlineQueue:
         self._slots = self._live
 
 
+_token = attrgetter("token")
+
+
 def _size(entry: tuple) -> int:
     return len(entry[2]) if type(entry[2]) is list else 1
 
 
 def _has_live(entry: tuple) -> bool:
-    # A group's messages leave together (a lease is FINed, requeued or touched
-    # whole), so its first message answers at once in practice.
+    # A lease's messages leave together, and a consumer's batch mostly in order, so
+    # its last message answers at once in practice.
     if type(entry[2]) is list:
-        return any(t == m.token for m, t in zip(entry[2], entry[3]))
+        msgs, tokens = entry[2], entry[3]
+        return tokens[-1] == msgs[-1].token or any(map(eq, tokens, map(_token, msgs)))
     return entry[3] == entry[2].token
 
 

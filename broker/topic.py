@@ -75,24 +75,23 @@ class Topic:
     def _flush_held(self) -> None:
         if self.holds or not self.depth:
             return
+        in_memory = self._held.in_memory == len(self._held)
         held, later = self._held.take_all(), self._held_later
         self._held_later = []
-        self._store.held_flushed(
-            self, [*(m for m in held if type(m) is not OnDisk), *(m for m, _ in later)],
-            [loc for item in held if type(item) is OnDisk for loc in item.remaining()])
-        batch: list[Message] = []
-        for item in held:
-            if type(item) is not OnDisk:
-                batch.append(item)
+        if in_memory:   # no run on disk: one run of messages, as it is
+            runs, msgs, on_disk = [held] if held else [], held, []
+        else:
+            runs = _runs(held)
+            msgs = [m for run in runs if type(run) is list for m in run]
+            on_disk = [loc for run in runs if type(run) is OnDisk for loc in run.remaining()]
+        self._store.held_flushed(self, msgs + [m for m, _ in later] if later else msgs, on_disk)
+        for run in runs:
+            if type(run) is list:
+                self._copy_to_channels(run, 0.0)
                 continue
-            if batch:
-                self._copy_to_channels(batch, 0.0)
-                batch = []
-            locs = item.remaining()
+            locs = run.remaining()
             for channel in self.channels.values():
                 channel.put_on_disk(locs)
-        if batch:
-            self._copy_to_channels(batch, 0.0)
         now = self.broker.clock.monotonic()
         for m, until in later:
             self._copy_to_channels([m], max(0.0, until - now))
@@ -182,3 +181,20 @@ class Topic:
                           e2e_processing_latency=latency.percentiles(),
                           on_disk_count=len(self._held) - self._held.in_memory,
                           disk_bytes=self._store.disk_bytes(self))
+
+
+def _runs(held: list) -> "list[list[Message] | OnDisk]":
+    """Held items in order as runs: lists of messages in memory, and runs on disk."""
+    runs: list[list[Message] | OnDisk] = []
+    batch: list[Message] = []
+    for item in held:
+        if type(item) is not OnDisk:
+            batch.append(item)
+            continue
+        if batch:
+            runs.append(batch)
+            batch = []
+        runs.append(item)
+    if batch:
+        runs.append(batch)
+    return runs

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from broker import InvalidRequest, NotInFlight
+from broker.consumer import Consumer
 from broker.pqueue import DeadlineQueue
 from broker.message import Message
 
@@ -72,6 +73,20 @@ def test_when_every_consumer_is_full_the_one_that_frees_room_is_served_and_round
         consumer.channel.set_rdy(consumer, 10)
     more = publish_n(broker, "events", 3)          # after a, the last served: b, c, a
     assert (b.ids[-1], c.ids[-1], a.ids[-1]) == tuple(more)
+
+
+def test_a_consumer_with_a_batch_byte_bound_gets_its_room_in_batches_no_bigger_than_it():
+    broker, _ = new_broker()
+    batches: list[list[str]] = []
+    c = Consumer(lambda msg: None, msg_timeout=60.0,
+                 on_messages=lambda msgs: batches.append([m.id for m in msgs]))
+    c.batch_bytes = 10
+    ch = broker.subscribe(c, "events", "work")
+    ids = broker.multi_publish("events", [b"1234"] * 9)   # 4 bytes each
+    ch.set_rdy(c, 8)
+    # 3 bodies reach 10 bytes: batches of 3, 3, then the 2 its RDY still allows.
+    assert batches == [ids[0:3], ids[3:6], ids[6:8]]
+    assert list(c.in_flight) == ids[:8] and ch.depth == 1
 
 
 def test_a_consumer_gets_nothing_until_it_gives_a_rdy_count():

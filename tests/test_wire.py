@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.errors import BodyTooBig, InvalidBody, InvalidMessage, MessageTooBig
+from broker.message import Message
 from broker.server import wire
 from broker.server.wire import Incomplete, LineTooLong
 
@@ -118,6 +119,18 @@ def test_frames_are_nsqds_layout():
     assert data == struct.pack(">iiqH", 34, 2, 7, 2) + b"0123456789abcdefbody"
     assert wire.error_frame(InvalidBody("MPUB invalid body size 0"))[8:] == \
         b"E_BAD_BODY MPUB invalid body size 0"
+
+
+def test_a_batch_of_messages_is_framed_as_each_would_be_alone():
+    msgs = [Message(f"{i:016x}", b"b" * i, 1_000 + i, i) for i in range(1, 4)]
+    out: list[bytes] = []
+    added = wire.add_message_frames(out, msgs)
+    data = b"".join(out)
+    assert data == b"".join(wire.message_frame(m.id, m.body, m.timestamp, m.attempts)
+                            for m in msgs)
+    assert added == len(data) == sum(len(m.body) + wire.MESSAGE_OVERHEAD for m in msgs)
+    frames, used = wire.split_frames(data)
+    assert used == len(data) and [kind for kind, _ in frames] == [wire.FRAME_MESSAGE] * 3
 
 
 def test_frames_split_whole_and_leave_a_partial_one():

@@ -180,7 +180,8 @@ class BrokerService(pb_grpc.BrokerServicer):
         try:
             consumer = Consumer.attach(self.broker, sub.topic, sub.channel, on_message,
                                        identity=self._identity(context, sub.client_id),
-                                       msg_timeout_ms=sub.msg_timeout_ms, on_evicted=evicted)
+                                       msg_timeout_ms=sub.msg_timeout_ms, on_evicted=evicted,
+                                       batch_bytes=STREAM_BUFFER_BYTES)
         except BrokerError as err:
             await abort(context, err, "SUB: ")
         state["consumer"] = consumer

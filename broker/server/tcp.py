@@ -16,7 +16,9 @@ client closes its side mid-command, it gets the error nsqd gives for the
 truncation.
 
 Output is written once per event-loop pass, or at once when it fills the
-client's ``output_buffer_size`` (as nsqd's buffered writer does). Backpressure:
+client's ``output_buffer_size`` (as nsqd's buffered writer does). The channel
+hands a consumer its messages in batches of up to ``BATCH_BYTES`` of bodies (or
+the output buffer size, if larger), framed together and written at once. Backpressure:
 a consumer whose socket stops taking data (its unsent output passes
 ``output_buffer_size``) gets nothing more until it drains; one stuck that way
 longer than its message timeout is disconnected, and what it held goes back to
@@ -56,6 +58,9 @@ MAX_HEARTBEAT_MS = 60_000
 DEFAULT_OUTPUT_BUFFER = 16 * 1024
 MAX_OUTPUT_BUFFER = 64 * 1024
 MIN_OUTPUT_BUFFER_TIMEOUT_MS, MAX_OUTPUT_BUFFER_TIMEOUT_MS = 25, 30_000
+# Message bodies handed to a connection at once (a batch, framed and written together):
+# fewer, larger socket writes, while a client that stops reading holds little more.
+BATCH_BYTES = 64 * 1024
 
 OK = frame(FRAME_RESPONSE, b"OK")
 HEARTBEAT = frame(FRAME_RESPONSE, b"_heartbeat_")
@@ -186,10 +191,11 @@ class V2Connection(asyncio.Protocol):
             self.transport.write(data)
 
     def _on_message(self, msg: Message) -> None:
-        # The frame's parts go out as they are: joined once per write, not per message.
-        parts = wire.message_frame_parts(msg.id, msg.body, msg.timestamp, msg.attempts)
-        self.out.extend(parts)
-        self.out_bytes += len(msg.body) + wire.MESSAGE_OVERHEAD
+        self._on_messages((msg,))
+
+    def _on_messages(self, msgs: "list[Message] | tuple[Message, ...]") -> None:
+        # The frames' parts go out as they are: joined once per write, not per message.
+        self.out_bytes += wire.add_message_frames(self.out, msgs)
         if self.out_bytes >= self.output_buffer_size:
             self._write_out()
         elif not self.flush_scheduled:
@@ -391,7 +397,10 @@ class V2Connection(asyncio.Protocol):
             self.consumer = Consumer.attach(self.broker, topic, channel, self._on_message,
                                             identity=self._identity(),
                                             msg_timeout_ms=self.msg_timeout_ms,
-                                            on_evicted=self._evicted)
+                                            on_evicted=self._evicted,
+                                            on_messages=self._on_messages,
+                                            batch_bytes=max(self.output_buffer_size,
+                                                            BATCH_BYTES))
         except Invalid as err:
             err.message = f"SUB {err.message}"
             raise

@@ -31,7 +31,6 @@ MESSAGE_OVERHEAD = MESSAGE_HEAD.size + MSG_ID_LENGTH
 MAX_LINE = 16 * 1024
 # FIN lines in the form clients send them, one after another (read in one match).
 _FINS = re.compile(rb"(?:FIN [0-9a-f]{16}\n)+")
-_FIN_LINE = len(b"FIN 0123456789abcdef\n")
 
 
 class Incomplete(Exception):
@@ -51,14 +50,23 @@ def frame(kind: int, data: bytes) -> bytes:
 
 
 def message_frame(msg_id: str, body: bytes, timestamp: int, attempts: int) -> bytes:
-    return b"".join(message_frame_parts(msg_id, body, timestamp, attempts))
+    """A MSG frame: ``MESSAGE_OVERHEAD`` bytes more than the body."""
+    return (MESSAGE_HEAD.pack(len(body) + 30, FRAME_MESSAGE, timestamp, attempts)
+            + msg_id.encode() + body)
 
 
-def message_frame_parts(msg_id: str, body: bytes, timestamp: int,
-                        attempts: int) -> tuple[bytes, bytes, bytes]:
-    """A MSG frame as (head, id, body), ``MESSAGE_OVERHEAD`` bytes more than the body."""
-    return (MESSAGE_HEAD.pack(len(body) + 30, FRAME_MESSAGE, timestamp, attempts),
-            msg_id.encode(), body)
+def add_message_frames(out: list[bytes], msgs) -> int:
+    """Append the MSG frames of ``msgs`` (objects with ``id``, ``body``, ``timestamp`` and
+    ``attempts``) to ``out`` as (head, id, body) parts, to be joined once per write;
+    returns the bytes added."""
+    pack = MESSAGE_HEAD.pack
+    size = 0
+    for msg in msgs:
+        body = msg.body
+        out += (pack(len(body) + 30, FRAME_MESSAGE, msg.timestamp, msg.attempts),
+                msg.id.encode(), body)
+        size += len(body)
+    return size + MESSAGE_OVERHEAD * len(msgs)
 
 
 def error_frame(err: BrokerError) -> bytes:
@@ -104,8 +112,8 @@ def read_fins(buf: bytes | bytearray, pos: int) -> tuple[list[str], int]:
     if match is None:
         return [], pos
     end = match.end()
-    text = buf[pos:end].decode("ascii")
-    return [text[i:i + MSG_ID_LENGTH] for i in range(4, end - pos, _FIN_LINE)], end
+    # "FIN a\nFIN b\n" -> "a\nFIN b" -> [a, b]
+    return buf[pos + 4:end - 1].decode("ascii").split("\nFIN "), end
 
 
 def read_size(buf: bytes | bytearray, pos: int, missing: BrokerError) -> tuple[int, int]:
