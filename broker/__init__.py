@@ -12,10 +12,8 @@ The public surface:
 
 __version__ = "0.1.0"
 
-from .app import BrokerApp  # noqa: E402
 from .client import BrokerUnavailable, Client, ClientError  # noqa: E402
 from .core import Broker  # noqa: E402
-from .embedded import EmbeddedBroker  # noqa: E402
 from .errors import (BrokerError, ChannelNotFound, InvalidChannel, InvalidMessage,  # noqa: E402
                      InvalidRequest, InvalidTopic, LeaseNotFound, MessageTooBig, NotInFlight,
                      TopicNotFound)
@@ -25,3 +23,16 @@ __all__ = ["Broker", "BrokerApp", "BrokerError", "BrokerUnavailable", "ChannelNo
            "Client", "ClientError", "DEFAULT_GRPC_ADDRESS", "EmbeddedBroker", "InvalidChannel",
            "InvalidMessage", "InvalidRequest", "InvalidTopic", "LeaseNotFound", "MessageTooBig",
            "NotInFlight", "Options", "TopicNotFound", "__version__"]
+
+# The servers (aiohttp, the HTTP and TCP listeners) load on first use: a Spark
+# executor's Python worker that only needs ``Client`` does not pay for them.
+_SERVING = {"BrokerApp": ".app", "EmbeddedBroker": ".embedded"}
+
+
+def __getattr__(name: str):
+    if name in _SERVING:
+        import importlib
+        value = getattr(importlib.import_module(_SERVING[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
