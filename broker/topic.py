@@ -79,11 +79,12 @@ class Topic:
         held, later = self._held.take_all(), self._held_later
         self._held_later = []
         if in_memory:   # no run on disk: one run of messages, as it is
-            runs, msgs, on_disk = [held] if held else [], held, []
+            runs, msgs, on_disk = [held] if held else [], held, iter(())
         else:
             runs = _runs(held)
             msgs = [m for run in runs if type(run) is list for m in run]
-            on_disk = [loc for run in runs if type(run) is OnDisk for loc in run.remaining()]
+            # Read by the store only when it counts them (several channels).
+            on_disk = (loc for run in runs if type(run) is OnDisk for loc in run.remaining())
         self._store.held_flushed(self, msgs + [m for m, _ in later] if later else msgs, on_disk)
         for run in runs:
             if type(run) is list:

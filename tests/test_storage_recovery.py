@@ -134,6 +134,28 @@ def test_an_empty_then_a_publish_in_one_pass_keeps_the_publish(tmp_path):
     assert drain(broker, "events", "work") == {kept: b"kept"}
 
 
+@pytest.mark.parametrize("stop", RESTARTS)
+def test_spilled_messages_held_in_a_pause_keep_their_files_for_every_channel(tmp_path, stop):
+    """One channel FINing everything a pause held must not free the files another
+    channel still has to read, before a restart or after it."""
+    clock = ManualClock()
+    broker = start(tmp_path, clock, mem_queue_size=5, max_bytes_per_file=1024)
+    broker.create_channel("events", "first")
+    broker.create_channel("events", "second")
+    broker.topic("events").pause()
+    bodies = {broker.publish("events", f"message-{i:03d}".encode() * 4):
+              f"message-{i:03d}".encode() * 4 for i in range(200)}
+    broker.topic("events").unpause()
+    assert drain(broker, "events", "first") == bodies
+    broker.storage.tick()                     # files nobody needs are deleted here
+    broker.storage.wait_synced()
+    assert drain(broker, "events", "second", fin=False) == bodies
+    stop(broker)
+    broker = start(tmp_path, clock, mem_queue_size=5, max_bytes_per_file=1024)
+    assert drain(broker, "events", "second") == bodies
+    assert drain(broker, "events", "first") == {}
+
+
 def test_an_ephemeral_channel_reads_its_spilled_messages_after_files_roll(tmp_path):
     clock = ManualClock()
     broker = start(tmp_path, clock, mem_queue_size=5, max_bytes_per_file=1024)

@@ -101,8 +101,9 @@ class Store:
                 on_disk: list[int]) -> None:
         """Queued messages dropped: in memory, and waiting on disk only."""
 
-    def held_flushed(self, topic: "Topic", msgs: list[Message], on_disk: list[int]) -> None:
-        """What the topic held went to each of its channels."""
+    def held_flushed(self, topic: "Topic", msgs: list[Message], on_disk: Iterable[int]) -> None:
+        """What the topic held went to each of its channels (``on_disk``: the log
+        locations of what waits on disk only, an iterator read at most once)."""
 
     def topic_created(self, topic: "Topic") -> None: ...
     def topic_deleted(self, topic: "Topic") -> None: ...
@@ -160,7 +161,7 @@ class MemoryStore(Store):
         if self.limit:
             self.queued_bytes -= sum(len(m.body) for m in msgs)
 
-    def held_flushed(self, topic: "Topic", msgs: list[Message], on_disk: list[int]) -> None:
+    def held_flushed(self, topic: "Topic", msgs: list[Message], on_disk: Iterable[int]) -> None:
         if self.limit:
             self.queued_bytes += sum(len(m.body) for m in msgs) * (len(topic.channels) - 1)
 
@@ -411,14 +412,18 @@ class DiskStore(Store):
             for loc in [*(m.loc for m in msgs if m.loc), *on_disk]:
                 topic_log.release(segment_of(loc))
 
-    def held_flushed(self, topic: "Topic", msgs: list[Message], on_disk: list[int]) -> None:
+    def held_flushed(self, topic: "Topic", msgs: list[Message], on_disk: Iterable[int]) -> None:
         if topic.ephemeral:
             return
         self._queue(topic, records.flush())
         extra = len(topic.channels) - 1
+        if extra <= 0:  # one channel takes over the topic's own hold on each message
+            return
         topic_log = self.logs[topic.name]
-        for loc in [*(m.loc for m in msgs if m.loc), *on_disk]:
-            topic_log.hold(segment_of(loc), extra)
+        per_segment = Counter(map(segment_of, [m.loc for m in msgs if m.loc]))
+        per_segment.update(map(segment_of, on_disk))
+        for seg, count in per_segment.items():
+            topic_log.hold(seg, count * extra)
 
     def disk_bytes(self, topic: "Topic") -> int:
         topic_log = self.logs.get(topic.name)
