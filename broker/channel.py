@@ -388,6 +388,7 @@ class Channel:
         for consumer, batch in batches:
             consumer.deliver_many(batch)
         return bool(max_bytes) and len(msgs) < room
+
     def _share(self, msgs: list[Message], rooms: list[int]) -> list[tuple[Consumer, list[Message]]]:
         """Deal ``msgs`` (no more than the ``rooms`` hold in all) round-robin to the
         consumers with room, from the one after the consumer served last; each
