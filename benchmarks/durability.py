@@ -1,11 +1,11 @@
 """What durability costs, and what 1M queued messages take.
 
-    python benchmarks/durability.py [--messages 200000] [--queued 1000000]
+    python benchmarks/durability.py [--messages 200000] [--queued 1000000] [--rounds 3]
 
 1. Publish N × 100-byte messages (MPUB, batches of 100) to a `pynsqd`, then
-   consume and FIN them all, once memory-only and once durable (default
-   --sync-every), each broker a fresh subprocess: msgs/s, the ratio, and the
-   broker's CPU per message in each phase.
+   consume and FIN them all, memory-only and durable (default --sync-every) in
+   turn for --rounds rounds, each broker a fresh subprocess: the median msgs/s,
+   their ratio, and the broker's median CPU per message in each phase.
 2. Queue M messages on a durable broker: its RSS, and the data path's size
    before and after a consumer has FINed them all.
 3. RSS with M messages queued in each backlog shape (a topic with no channel, a
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -134,13 +135,22 @@ def throughput(n: int, *args: str) -> dict:
             "consume_cpu_us_per_msg": round((cpu_2 - cpu_1) / n * 1e6, 2)}
 
 
-def run(messages: int, queued: int) -> dict:
-    """Every part; ``queued`` 0 skips parts 2-4 (RSS, data path size, restart)."""
+def medians(results: list[dict]) -> dict:
+    """Each figure's median over rounds."""
+    return {key: statistics.median(r[key] for r in results) for key in results[0]}
+
+
+def run(messages: int, queued: int, rounds: int = 3) -> dict:
+    """Every part; ``queued`` 0 skips parts 2-4 (RSS, data path size, restart). Part 1
+    runs ``rounds`` times, memory-only and durable in turn: medians."""
     with tempfile.TemporaryDirectory() as tmp:
-        memory = throughput(messages)
-        durable = throughput(messages, "--data-path", f"{tmp}/throughput")
+        runs: dict[str, list[dict]] = {"memory": [], "durable": []}
+        for i in range(rounds):
+            runs["memory"].append(throughput(messages))
+            runs["durable"].append(throughput(messages, "--data-path", f"{tmp}/throughput-{i}"))
+        memory, durable = medians(runs["memory"]), medians(runs["durable"])
         speed = {
-            "messages": messages, "memory": memory, "durable": durable,
+            "messages": messages, "rounds": rounds, "memory": memory, "durable": durable,
             "durable_vs_memory_publish": round(durable["publish_msgs_per_s"]
                                                / memory["publish_msgs_per_s"], 3),
             "durable_vs_memory_consume": round(durable["consume_msgs_per_s"]
@@ -171,8 +181,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--queued", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    print(json.dumps(run(args.messages, args.queued), indent=2))
+    print(json.dumps(run(args.messages, args.queued, args.rounds), indent=2))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ The public surface:
 __version__ = "0.1.0"
 
 from .client import BrokerUnavailable, Client, ClientError  # noqa: E402
-from .core import Broker  # noqa: E402
 from .errors import (BrokerError, ChannelNotFound, InvalidChannel, InvalidMessage,  # noqa: E402
                      InvalidRequest, InvalidTopic, LeaseNotFound, MessageTooBig, NotInFlight,
                      TopicNotFound)
@@ -24,15 +23,16 @@ __all__ = ["Broker", "BrokerApp", "BrokerError", "BrokerUnavailable", "ChannelNo
            "InvalidMessage", "InvalidRequest", "InvalidTopic", "LeaseNotFound", "MessageTooBig",
            "NotInFlight", "Options", "TopicNotFound", "__version__"]
 
-# The servers (aiohttp, the HTTP and TCP listeners) load on first use: a Spark
-# executor's Python worker that only needs ``Client`` does not pay for them.
-_SERVING = {"BrokerApp": ".app", "EmbeddedBroker": ".embedded"}
+# The core and the servers (aiohttp, the HTTP and TCP listeners) load on first use: a
+# Spark Python worker that only needs ``Client`` (the source's driver worker starts
+# with each query) does not pay for them.
+_LAZY = {"Broker": ".core", "BrokerApp": ".app", "EmbeddedBroker": ".embedded"}
 
 
 def __getattr__(name: str):
-    if name in _SERVING:
+    if name in _LAZY:
         import importlib
-        value = getattr(importlib.import_module(_SERVING[name], __name__), name)
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,8 +5,8 @@ into an ``OnDisk`` run (8 bytes a message) and it is read back when it comes
 up. Messages delivered before (``attempts`` > 0) or not on disk stay in memory,
 so nothing a consumer saw loses its count.
 
-With a ``fetch`` (a running broker), a run is read ahead of the cursor off the
-event loop, ``READ_AHEAD`` messages at a time: what was read goes in memory
+With a ``fetch`` (a running broker), a run is read ahead of the cursor without
+waiting for the disk, ``READ_AHEAD`` messages at a time: what was read goes in memory
 ahead of the run when the run comes up, and the next ones are asked for at
 once (so at most twice ``READ_AHEAD`` are in memory on top of ``limit``).
 ``popleft`` never waits for the disk: while the next messages are being read
@@ -71,9 +71,11 @@ class OnDisk:
 
 Entry = Message | OnDisk
 Loader = Callable[[int], "Message | None"]
-# (locations, done) -> whether a read was started; ``done`` gets the messages read
-# (None for one that failed its check) or None if the read failed.
-Fetcher = Callable[[array, Callable[["list[Message | None] | None"], None]], bool]
+# (locations, done, cached_only) -> whether a read was started; ``done`` gets the
+# messages read (None for one that failed its check) or None if the read failed,
+# later or at once (before the fetcher returns: the page cache held them). With
+# ``cached_only`` nothing starts unless it can be read at once.
+Fetcher = Callable[[array, Callable[["list[Message | None] | None"], None], bool], bool]
 
 
 class Backlog:
@@ -152,9 +154,12 @@ class Backlog:
             if head.loaded:
                 self._take_in(head)
                 continue
-            if wait and not head.sync and self._fetch is not None:
-                self._read_ahead(head)
-                if not head.sync:
+            if not head.sync and self._fetch is not None:
+                # A lease (not ``wait``) takes what the page cache holds, in bulk.
+                self._read_ahead(head, cached_only=not wait)
+                if head.loaded:  # read at once (the page cache had them)
+                    continue
+                if wait and not head.sync:
                     return None
             # Read on the spot: no reading ahead, or it failed, or a lease is waiting
             # (a read under way for these positions is then read again).
@@ -202,8 +207,9 @@ class Backlog:
         else:  # the next ones are read while these go
             self._read_ahead(run)
 
-    def _read_ahead(self, run: OnDisk) -> None:
-        """Ask for the next messages of ``run`` (after those read or being read)."""
+    def _read_ahead(self, run: OnDisk, cached_only: bool = False) -> None:
+        """Ask for the next messages of ``run`` (after those read or being read); with
+        ``cached_only``, only if the page cache holds them (nothing else starts)."""
         if run.reading or run.gone or run.sync:
             return
         first = run.start + len(run.loaded)
@@ -223,13 +229,16 @@ class Backlog:
                   and run.locs[at - run.base:at - run.base + len(locs)] == locs):
                 run.loaded.extend(msgs)
             # else: read on the spot or moved meanwhile; read again when it comes up
-            if self._items and self._items[0] is run and self._wake is not None:
+            if (not fetching and self._items and self._items[0] is run
+                    and self._wake is not None):
                 self._wake()
 
-        run.reading = True
-        if not self._fetch(locs, done):
+        run.reading = fetching = True
+        started = self._fetch(locs, done, cached_only)
+        fetching = False
+        if not started:  # (``sync`` was False: checked above)
             run.reading = False
-            run.sync = True
+            run.sync = not cached_only
 
     def messages(self) -> Iterator[Message]:
         """The messages held in memory, in order."""

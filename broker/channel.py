@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .lease import Lease
     from .topic import Topic
 
-_BODY = attrgetter("body")
+_BODY, _TIMESTAMP = attrgetter("body"), attrgetter("timestamp")
 
 
 class Channel:
@@ -78,8 +78,8 @@ class Channel:
     def _load(self, loc: int) -> Message | None:
         return self._store.load(self.topic, loc)
 
-    def _fetch(self, locs, done) -> bool:
-        return self._store.read_ahead(self.topic, locs, done)
+    def _fetch(self, locs, done, cached_only: bool = False) -> bool:
+        return self._store.read_ahead(self.topic, locs, done, cached_only)
 
     def put_many(self, msgs: list[Message]) -> None:
         self.message_count += len(msgs)
@@ -152,16 +152,16 @@ class Channel:
         self._pump()
 
     def take(self, holder: "Lease", limit: int, max_bytes: int = 0,
-             at_least_one: bool = True) -> list[Message]:
+             at_least_one: bool = True) -> tuple[list[Message], int]:
         """Move up to ``limit`` ready messages in flight to ``holder`` at once; with
         ``max_bytes`` > 0, stop before their bodies pass it (taking one at least,
         unless ``at_least_one`` is False: a later step of a lease being filled).
 
         For holders outside the round-robin (leases): it ignores RDY and does not
-        pump, and returns what it took, in order.
+        pump. Returns what it took, in order, and the size of their bodies.
         """
         if self.paused:
-            return []
+            return [], 0
         ready = self._ready
         taken: list[Message] = []
         size = 0
@@ -177,20 +177,21 @@ class Channel:
                 if msg is None:
                     break
                 msgs = [msg]
-            if max_bytes:
+            more = sum(map(len, map(_BODY, msgs)))
+            if max_bytes and size + more > max_bytes:
                 # ends[i]: bytes taken before msgs[i]; keep those that end within max_bytes.
                 ends = list(accumulate(map(len, map(_BODY, msgs)), initial=size))
                 keep = max(0, bisect_right(ends, max_bytes) - 1)
                 if not keep and not taken and at_least_one:
                     keep = 1
-                if keep < len(msgs):
-                    ready.push_front(msgs[keep:])
-                    taken += msgs[:keep]
-                    break
-                size = ends[-1]
+                ready.push_front(msgs[keep:])
+                taken += msgs[:keep]
+                size = ends[keep]
+                break
+            size += more
             taken += msgs
         self._hold_all(holder, taken)
-        return taken
+        return taken, size
 
     def reclaim(self, holder: "Lease", wanted: list[str]) -> list[Message]:
         """Take the messages with ids ``wanted`` back in flight to ``holder`` if they are
@@ -209,12 +210,12 @@ class Channel:
 
     def _hold_all(self, holder: "Lease", msgs: list[Message]) -> None:
         """Put ``msgs`` in flight to ``holder``, sharing one deadline."""
-        now = self._clock.monotonic()
         for msg in msgs:
-            msg.delivered()
+            # Message.delivered(), without a call per message (a lease takes thousands).
+            if msg.attempts < MAX_ATTEMPTS:
+                msg.attempts += 1
             msg.consumer = holder
-            msg.delivered_at = now
-        self._in_flight.push_many(msgs, now + holder.msg_timeout)
+        self._in_flight.push_many(msgs, self._clock.monotonic() + holder.msg_timeout)
         self._timers_started()
         holder.hold(msgs)
         holder.message_count += len(msgs)
@@ -244,15 +245,14 @@ class Channel:
         self._in_flight.cancel_many(msgs)
         wall_ns = self._clock.wall_ns()
         # ``msg.consumer`` is left as it is: nothing reads it once a message is gone.
-        self.latency.add_many([(wall_ns - msg.timestamp) / 1e6 for msg in msgs])
+        self.latency.add_published(wall_ns, list(map(_TIMESTAMP, msgs)))
         holder.finish_count += len(msgs)
         self.finish_count += len(msgs)
         self._store.finished(self, msgs)
 
-    def finish_all(self, holder: Consumer) -> int:
+    def finish_all(self, holder: "Lease") -> int:
         """FIN everything ``holder`` has in flight (a lease); returns how many."""
-        held = list(holder.in_flight.values())
-        holder.in_flight.clear()
+        held = holder.in_flight.pop_all()
         self._finished(holder, held)
         self._pump()
         return len(held)

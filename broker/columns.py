@@ -39,23 +39,27 @@ def _unpacked(typecode: str, data: bytes) -> array:
 def frames(msgs: list[Message], max_messages: int, max_bytes: int) -> Iterator[pb.MessageColumns]:
     """``msgs`` in order, as frames of at most ``max_messages`` messages and
     ``max_bytes`` of bodies (a larger body goes alone in its frame)."""
-    ends = list(accumulate(map(len, map(_BODY, msgs)), initial=0))  # ends[i]: bytes before i
     n, start = len(msgs), 0
     while start < n:
-        stop = min(n, start + max_messages,
-                   max(start + 1, bisect_right(ends, ends[start] + max_bytes, start) - 1))
-        base = ends[start]
-        yield _frame(msgs[start:stop],
-                     ends[start:stop + 1] if base == 0 else [e - base for e in ends[start:stop + 1]])
-        start = stop
+        part = msgs[start:start + max_messages]
+        # ends[i]: bytes before part[i], the frame's body offsets as they are (a list
+        # first: a part's total may pass what an int32 holds, the frame's cannot).
+        ends = list(accumulate(map(len, map(_BODY, part)), initial=0))
+        if ends[-1] > max_bytes:
+            stop = max(1, bisect_right(ends, max_bytes) - 1)
+            part, ends = part[:stop], ends[:stop + 1]
+        yield _frame(part, array("i", ends))
+        start += len(part)
 
 
-def _frame(msgs: list[Message], offsets: list[int]) -> pb.MessageColumns:
+def _frame(msgs: list[Message], offsets: array) -> pb.MessageColumns:
+    if not _LITTLE:
+        offsets.byteswap()
     return pb.MessageColumns(
         count=len(msgs),
         ids="".join(map(_ID, msgs)).encode(),
         bodies=b"".join(map(_BODY, msgs)),
-        body_offsets=_packed("i", offsets),
+        body_offsets=offsets.tobytes(),
         timestamps=_packed("q", map(_TIMESTAMP, msgs)),
         attempts=_packed("i", map(_ATTEMPTS, msgs)))
 

@@ -44,6 +44,9 @@ log = logging.getLogger("pynsqd")
 TICK_INTERVAL = 0.01
 # Requeued leases remembered for adoption by a restarted reader.
 MAX_REMEMBERED_LEASES = 1024
+# FINed leases' messages freed per tick: a million freed at once would hold the loop,
+# and the FIN's answer, for tens of milliseconds.
+FREED_PER_TICK = 100_000
 
 
 class Broker:
@@ -62,6 +65,7 @@ class Broker:
         self._leases: dict[str, Lease] = {}
         # Leases requeued or timed out, by their messages' ids, for a replay to adopt.
         self._requeued: OrderedDict[str, RememberedLease] = OrderedDict()
+        self._finished: list[list[Message]] = []  # FINed leases' messages, freed by tick
         self.dedupe = Deduplicator(clock=self.clock)
         # Where durable topics live: memory only, or a DiskStore (BrokerApp sets it
         # when --data-path is given, before any topic exists).
@@ -355,6 +359,7 @@ class Broker:
                 missing.append(lease_id)
                 continue
             count += lease.channel.finish_all(lease)
+            self._finished.append(lease.let_go())
             self._forget_lease(lease_id)
         self.storage.flush()  # an acknowledged FIN is written before the answer
         return count, missing
@@ -462,6 +467,19 @@ class Broker:
                 self.timed_channels.discard(ch)
         if self._leases or self._sessions:
             self._tick_leases(now)
+        if self._finished:
+            self._free_finished(FREED_PER_TICK)
+
+    def _free_finished(self, budget: int) -> None:
+        """Drop up to ``budget`` of the FINed leases' messages, the last FINed first."""
+        finished = self._finished
+        while finished and budget > 0:
+            msgs = finished[-1]
+            if len(msgs) > budget:
+                del msgs[-budget:]
+                return
+            budget -= len(msgs)
+            finished.pop()
 
     def stats(self, topic: str | None = None, channel: str | None = None) -> list[TopicStats]:
         self.storage.flush()  # every FIN counted in stats is written

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .channel import Channel
 
 _session_ids = itertools.count(1)
-_ID, _BODY = attrgetter("id"), attrgetter("body")
+_ID = attrgetter("id")
 
 
 class HeldMessages(MutableMapping):
@@ -81,6 +81,12 @@ class HeldMessages(MutableMapping):
     def clear(self) -> None:
         self._list, self._by_id = [], None
 
+    def pop_all(self) -> list[Message]:
+        """Every message held, in the order taken (when none left alone), and now none."""
+        held = self._list if self._by_id is None else list(self._by_id.values())
+        self.clear()
+        return held
+
 
 class Lease(Consumer):
     """A holder outside any channel's round-robin; its messages are its in-flight."""
@@ -104,6 +110,13 @@ class Lease(Consumer):
             # ``order``: when none has left, every one is still held.
             return self.order[partition::num_partitions]
         return [m for m in self.order[partition::num_partitions] if held.get(m.id) is m]
+
+    def let_go(self) -> list[Message]:
+        """The messages this lease was made of; it keeps none from now on (it is over).
+        They point at it (``consumer``): kept, they and it would be a cycle that only a
+        full collection frees."""
+        order, self.order = self.order, []
+        return order
 
     def remembered(self) -> "RememberedLease":
         assert self.channel is not None
@@ -159,8 +172,7 @@ class Reservation:
         first = not self.lease.order
         limit = min(self.messages_left, RESERVE_STEP_MESSAGES)
         cap = min(self.step_bytes, self.bytes_left) if self.max_bytes else self.step_bytes
-        took = self.channel.take(self.lease, limit, cap, at_least_one=first)
-        size = sum(map(len, map(_BODY, took)))
+        took, size = self.channel.take(self.lease, limit, cap, at_least_one=first)
         self.lease.order.extend(took)
         self.messages_left -= len(took)
         self.bytes += size

@@ -20,7 +20,7 @@ MAX_ATTEMPTS = 65535
 
 class Message:
     __slots__ = ("id", "body", "timestamp", "attempts", "consumer", "deadline", "token",
-                 "delivered_at", "loc", "expires")
+                 "loc", "expires")
 
     def __init__(self, id: str, body: bytes, timestamp: int, attempts: int = 0) -> None:
         self.id = id
@@ -30,7 +30,6 @@ class Message:
         self.consumer: Optional["Consumer"] = None  # holder while in flight
         self.deadline = 0.0                 # in-flight or deferred deadline (monotonic s)
         self.token = 0                      # changes whenever a queued deadline is void
-        self.delivered_at = 0.0
         self.loc = 0                        # where its record is on disk (0: nowhere)
         self.expires = 0                    # never delivered from then on (wall ns; 0: never)
 

@@ -77,8 +77,15 @@ class DeadlineQueue:
         for msg in msgs:
             msg.token += 1
         self._live -= len(msgs)
-        heap = self._heap
-        while heap and not _has_live(heap[0]):
+        heap, at = self._heap, 0
+        while heap:
+            group = heap[0][2]
+            if type(group) is list and group == msgs[at:at + len(group)]:
+                # The next of ``msgs`` are this entry's: it is void, known without asking
+                # each message (comparing lists of the same objects compares pointers).
+                at += len(group)
+            elif _has_live(heap[0]):
+                break
             self._slots -= _size(heapq.heappop(heap))
         if self._slots > self._compact_above and self._slots > 4 * self._live:
             self._compact()

@@ -47,6 +47,27 @@ class LatencySample:
         counts[-1] += len(ordered) - below
         self.sum_ms += sum(latencies_ms)
 
+    def add_published(self, now_ns: int, published_ns: list[int]) -> None:
+        """``add`` the latency of messages published at ``published_ns`` and FINed at
+        ``now_ns`` (wall clock, ns). A lease FINs a million at once: only the newest
+        ``size`` latencies are computed one by one; the histogram counts come from the
+        sorted publish times (a latency is at most a bound when its message was
+        published no earlier than ``now_ns`` less the bound), the sum from their total."""
+        n = len(published_ns)
+        if n < len(HISTOGRAM_BOUNDS_MS):
+            self.add_many([(now_ns - t) / 1e6 for t in published_ns])
+            return
+        newest = published_ns[-self._values.maxlen:] if self._values.maxlen else published_ns
+        self._values.extend([(now_ns - t) / 1e6 for t in newest])
+        ordered = sorted(published_ns)
+        counts, within = self.bucket_counts, 0  # within: latencies at most the bound so far
+        for i, bound in enumerate(HISTOGRAM_BOUNDS_MS):
+            upto = n - bisect_left(ordered, now_ns - bound * 1_000_000)
+            counts[i] += upto - within
+            within = upto
+        counts[-1] += n - within
+        self.sum_ms += (now_ns * n - sum(published_ns)) / 1e6
+
     def extend(self, other: "LatencySample") -> None:
         self._values.extend(other._values)
 

@@ -100,6 +100,10 @@ class FaultyFiles(Files):
         self._check("pread")
         return super().pread(fd, size, offset)
 
+    def pread_cached(self, fd: int, size: int, offset: int) -> bytes | None:
+        self._check("pread")
+        return super().pread_cached(fd, size, offset)
+
     def fsync(self, fd: int) -> None:
         self._check("fsync")
         super().fsync(fd)

@@ -38,6 +38,14 @@ def test_frames_hold_every_message_in_order_within_their_bounds(payloads, max_me
                 or len(frame.bodies) + len(first_next) > max_bytes)
 
 
+def test_frames_of_a_lease_whose_bodies_pass_2_gib_keep_their_offsets_exact():
+    body = b"y" * (1 << 20)  # one object shared: 3,000 messages of 1 MiB cost 1 MiB here
+    frames = list(columns.frames(messages([body] * 3000), 16384, LEASE_FRAME_BYTES))
+    assert sum(frame.count for frame in frames) == 3000
+    assert all(row.body == body for frame in frames[:3] + frames[-3:]
+               for row in columns.decode(frame))
+
+
 @settings(max_examples=50, deadline=None)
 @given(bodies)
 def test_frames_become_arrow_batches_with_the_same_rows(payloads):

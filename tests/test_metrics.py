@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import urllib.request
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -189,3 +190,18 @@ def test_latencies_of_a_fin_batch_fill_the_histogram_as_fins_one_by_one_do(laten
     assert batch.bucket_counts == one_by_one.bucket_counts
     assert batch.sum_ms == one_by_one.sum_ms
     assert batch.percentiles() == one_by_one.percentiles()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 120_000_000_000) | st.sampled_from(
+    [b * 1_000_000 for b in HISTOGRAM_BOUNDS_MS]), max_size=6000))
+def test_a_leases_fin_timed_by_publish_times_fills_the_histogram_as_fins_one_by_one_do(ages):
+    now_ns = 1_800_000_000_000_000_000
+    published = [now_ns - age for age in ages]
+    one_by_one, lease = LatencySample(), LatencySample()
+    for t in published:
+        one_by_one.add((now_ns - t) / 1e6)
+    lease.add_published(now_ns, published)
+    assert lease.bucket_counts == one_by_one.bucket_counts
+    assert lease.sum_ms == pytest.approx(one_by_one.sum_ms)
+    assert lease.percentiles() == one_by_one.percentiles()

@@ -106,16 +106,21 @@ class StorageModel(RuleBasedStateMachine):
         self.store = DiskStore(self.broker, options, self.files)
         self.broker.storage = self.store
         self.store.recover()
-        # Messages waiting on disk are read ahead off the loop: here the reads wait
-        # until the rule that lets them arrive (so they arrive late, or never).
+        # Messages waiting on disk are read ahead without waiting on the loop: from
+        # the page cache at once (while ``page_cache_hot``), else by the reader thread;
+        # here those reads wait until the rule that lets them arrive (so they arrive
+        # late, or never).
         self.reads: list = []
+        self.page_cache_hot = False
         self.store.read_ahead = self.read_ahead
         self.consumers: dict[tuple[str, str], Recorder] = {}
         self.seen: dict[tuple[str, str], int] = {}
 
-    def read_ahead(self, topic, locs, done) -> bool:
+    def read_ahead(self, topic, locs, done, cached_only=False) -> bool:
+        if self.page_cache_hot:  # the store's own: ``done`` runs before it returns
+            return DiskStore.read_ahead(self.store, topic, locs, done, cached_only)
         topic_log = self.store.logs.get(topic.name)
-        if topic_log is None:
+        if topic_log is None or cached_only:
             return False
         self.reads.append((topic_log, locs, done))
         return True
@@ -355,6 +360,12 @@ class StorageModel(RuleBasedStateMachine):
         else:
             t.channels[channel].paused = paused
         self.end_of_pass()
+
+    @rule(hot=st.booleans())
+    def page_cache(self, hot: bool) -> None:
+        """Whether messages read back are in the page cache (read at once, on the loop)
+        or must wait for the disk (read by the reader thread, arriving later)."""
+        self.page_cache_hot = hot
 
     @precondition(lambda self: self.reads)
     @rule()

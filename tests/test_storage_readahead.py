@@ -1,5 +1,7 @@
-"""Messages waiting on disk are read back ahead of their channel's cursor, off the
-event loop; delivery counts are written one record per channel per pass.
+"""Messages waiting on disk are read back ahead of their channel's cursor, never
+waiting for the disk on the event loop: what the page cache holds is read there,
+the rest by a reader thread. Delivery counts are written one record per channel
+per pass.
 
 The first test runs the real reader thread under a running event loop; the
 others hold reads back by hand (as the model test does) to make them arrive
@@ -12,6 +14,8 @@ import asyncio
 import errno
 import threading
 
+import pytest
+
 from broker import Broker, Options
 from broker.clock import ManualClock
 from broker.storage import DiskStore, fileops, records
@@ -22,15 +26,25 @@ from .faultfs import FaultyFiles
 
 
 class ReadsRecorded(FaultyFiles):
-    """Remembers which thread each read of a log file ran in."""
+    """Remembers which thread each read of a log file ran in; ``cold``: the page cache
+    holds nothing (every read would wait for the disk); ``partly``: it holds the first
+    ``partly`` bytes of any range asked for."""
 
-    def __init__(self) -> None:
+    def __init__(self, cold: bool = False, partly: int = 0) -> None:
         super().__init__()
+        self.cold = cold
+        self.partly = partly
         self.read_threads: list[str] = []
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         self.read_threads.append(threading.current_thread().name)
         return super().pread(fd, size, offset)
+
+    def pread_cached(self, fd: int, size: int, offset: int) -> bytes | None:
+        if self.cold:
+            return None
+        self.read_threads.append(threading.current_thread().name)
+        return super().pread_cached(fd, min(size, self.partly or size), offset)
 
 
 def start(path, **options) -> Broker:
@@ -45,7 +59,9 @@ def held_reads(broker: Broker) -> list:
     """Make the store queue its reads ahead here instead of in its thread."""
     reads: list = []
 
-    def read_ahead(topic, locs, done) -> bool:
+    def read_ahead(topic, locs, done, cached_only=False) -> bool:
+        if cached_only:  # nothing is in the page cache
+            return False
         reads.append((broker.storage.logs[topic.name], locs, done))
         return True
 
@@ -59,13 +75,12 @@ def arrive(reads: list) -> None:
     reads.clear()
 
 
-def test_spilled_messages_are_read_off_the_event_loop_and_delivered_in_order(tmp_path,
-                                                                               monkeypatch):
-    files = ReadsRecorded()
-    monkeypatch.setattr(fileops, "current", files)
+def read_back(tmp_path, files: ReadsRecorded) -> tuple[list, list, list]:
+    """3,000 messages spilled past --mem-queue-size, consumed under a running event
+    loop: (ids published, messages received, threads that read the log meanwhile)."""
     bodies = [f"m{i}-".encode() * (1 + i % 40) for i in range(3000)]
 
-    async def run() -> list:
+    async def run() -> tuple[list, list]:
         broker = start(tmp_path, mem_queue_size=10, max_bytes_per_file=64 << 10)
         consumer = Recorder(broker)
         ch = broker.subscribe(consumer, "events", "work")
@@ -88,7 +103,37 @@ def test_spilled_messages_are_read_off_the_event_loop_and_delivered_in_order(tmp
     assert [m.body for m in received] == bodies
     assert all(m.attempts == 1 for m in received)
     assert files.read_threads, "the spilled messages were read back"
-    assert set(files.read_threads) == {"pynsq-read_0"}, "no read on the event loop"
+    return ids, received, files.read_threads
+
+
+def test_spilled_messages_the_page_cache_holds_are_read_on_the_loop_in_order(tmp_path,
+                                                                            monkeypatch):
+    files = ReadsRecorded()
+    monkeypatch.setattr(fileops, "current", files)
+    _, _, threads = read_back(tmp_path, files)
+    assert set(threads) == {threading.main_thread().name}, "no hand-off to the reader thread"
+
+
+def test_spilled_messages_not_in_the_page_cache_are_read_off_the_event_loop_in_order(
+        tmp_path, monkeypatch):
+    files = ReadsRecorded(cold=True)
+    monkeypatch.setattr(fileops, "current", files)
+    _, _, threads = read_back(tmp_path, files)
+    assert set(threads) == {"pynsq-read_0"}, "no read on the event loop"
+
+
+@pytest.mark.parametrize("cached, readers", [
+    (1000, {"MainThread"}),                    # whole records, then one cut: read on from it
+    (20, {"MainThread", "pynsq-read_0"}),      # not even one whole record: the thread reads
+])
+def test_spilled_messages_the_page_cache_holds_in_part_are_read_whole_in_order(
+        tmp_path, monkeypatch, cached, readers):
+    # Each range asked of the page cache comes back cut after ``cached`` bytes, in the
+    # middle of a record; nothing is lost or reordered (``read_back`` checks).
+    files = ReadsRecorded(partly=cached)
+    monkeypatch.setattr(fileops, "current", files)
+    _, _, threads = read_back(tmp_path, files)
+    assert set(threads) == readers
 
 
 def test_a_read_ahead_that_fails_loses_nothing_and_delivery_goes_on(tmp_path, monkeypatch):
@@ -100,7 +145,7 @@ def test_a_read_ahead_that_fails_loses_nothing_and_delivery_goes_on(tmp_path, mo
         consumer = Recorder(broker)
         ch = broker.subscribe(consumer, "events", "work")
         ids = broker.multi_publish("events", [f"m{i}".encode() for i in range(500)])
-        files.fail("pread", errno.EIO, times=1)   # the reader thread's first read
+        files.fail("pread", errno.EIO, times=1)   # the first read back
         ch.set_rdy(consumer, 100)
         for _ in range(5000):
             consumer.fin_all()

@@ -7,8 +7,12 @@ never calls ``os`` for file I/O directly.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+
+# preadv's flag for "only what the page cache holds" (Linux 4.14+); None where absent.
+_NOWAIT = getattr(os, "RWF_NOWAIT", None)
 
 
 class Files:
@@ -22,6 +26,24 @@ class Files:
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         return os.pread(fd, size, offset)
+
+    def pread_cached(self, fd: int, size: int, offset: int) -> bytes | None:
+        """``pread`` that never waits for the disk: what the page cache holds of the
+        range (possibly less than asked), or None when nothing of it is there or the
+        system cannot read that way."""
+        if _NOWAIT is None:
+            return None
+        buf = bytearray(size)
+        try:
+            n = os.preadv(fd, [buf], offset, _NOWAIT)
+        except BlockingIOError:
+            return None
+        except OSError as err:
+            if err.errno in (errno.EOPNOTSUPP, errno.ENOSYS):
+                return None
+            raise
+        del buf[n:]
+        return bytes(buf)
 
     def fsync(self, fd: int) -> None:
         os.fsync(fd)

@@ -33,6 +33,10 @@ ROLL_WHEN_DRAINED = 1 << 20
 READ_AHEAD = 256 << 10
 
 
+class _WouldWait(Exception):
+    """A read on the event loop found its bytes not in the page cache."""
+
+
 def location(seg: int, offset: int) -> int:
     return (seg << OFFSET_BITS) | offset
 
@@ -165,54 +169,89 @@ class TopicLog:
         """The messages whose PUB (or MOVE) records are at ``locs`` (None for one that
         fails its check). Touches nothing of this log but its files' names, so it can
         run in a thread: it opens, reads ahead ``READ_AHEAD`` bytes at a time, closes."""
+        files, opened = self.files, {}
+
+        def read(seg: int, size: int, offset: int) -> bytes:
+            fd = opened.get(seg)
+            if fd is None:
+                for old in opened.values():
+                    files.close(old)
+                opened.clear()
+                fd = opened[seg] = files.open(str(self.path(seg)), os.O_RDONLY)
+            return files.pread(fd, size, offset)
+
+        try:
+            return self._parse(locs, read)
+        finally:
+            for fd in opened.values():
+                files.close(fd)
+
+    def read_cached(self, locs: "Sequence[int]") -> "list[Message | None] | None":
+        """``read_messages`` on the event loop, when the page cache holds every record
+        asked for: None as soon as a read would wait for the disk (then nothing was read).
+        It reads with this log's own open files."""
+        files, readers = self.files, self._readers
+
+        def read(seg: int, size: int, offset: int) -> bytes:
+            fd = readers.get(seg)
+            if fd is None:
+                fd = readers[seg] = files.open(str(self.path(seg)), os.O_RDONLY)
+            block = files.pread_cached(fd, size, offset)
+            if block is None:
+                raise _WouldWait
+            if len(block) < size:  # the file's end, or only part of the range is cached
+                header = records.HEADER_SIZE
+                if len(block) < header or len(block) < header + records.HEADER.unpack_from(
+                        block)[2]:
+                    raise _WouldWait  # the thread reads it (and tells damage from a miss)
+            return block
+
+        try:
+            return self._parse(locs, read)
+        except _WouldWait:
+            return None
+
+    @staticmethod
+    def _parse(locs: "Sequence[int]", read: Callable[[int, int, int], bytes]
+               ) -> "list[Message | None]":
         out: list[Message | None] = []
-        files, fd, fd_seg = self.files, -1, -1
         block, block_loc, size = b"", 0, 0
         message_at, header = records.message_at, records.HEADER_SIZE
         unpack, crc32, seed = records.PUB_CHECK.unpack_from, zlib.crc32, records.PUB_SEED
         magic_ok, pub, body_at = records.MAGIC_NUMBER, records.PUB, records.PUB_BODY_AT
         append = out.append
-        try:
-            for loc in locs:
-                rel = loc - block_loc
-                # The common case: a PUB with no expiry, whole in the block read.
-                if 0 <= rel and rel + body_at <= size:
-                    magic, kind, length, crc, ts, flags = unpack(block, rel)
-                    start = rel + header
-                    stop = start + length
-                    if (magic == magic_ok and kind == pub and not flags & EXPIRES
-                            and stop <= size and crc32(block[start:stop], seed) == crc):
-                        # The id's 8 bytes in hex are the message's id.
-                        msg = Message(block[start:start + 8].hex(), block[rel + body_at:stop], ts)
-                        msg.loc = loc
-                        append(msg)
-                        continue
-                found = message_at(block, rel) if 0 <= rel < size else None
-                if found is None:
-                    seg, offset = split(loc)
-                    if seg != fd_seg:
-                        if fd >= 0:
-                            files.close(fd)
-                            fd = -1
-                        fd, fd_seg = files.open(str(self.path(seg)), os.O_RDONLY), seg
-                    block, block_loc = files.pread(fd, READ_AHEAD, offset), loc
-                    if len(block) >= header:
-                        length = records.HEADER.unpack_from(block)[2]
-                        if len(block) < header + length:
-                            block = files.pread(fd, header + length, offset)
-                    size = len(block)
-                    found = message_at(block, 0)
-                if found is None:
-                    append(None)
+        for loc in locs:
+            rel = loc - block_loc
+            # The common case: a PUB with no expiry, whole in the block read.
+            if 0 <= rel and rel + body_at <= size:
+                magic, kind, length, crc, ts, flags = unpack(block, rel)
+                start = rel + header
+                stop = start + length
+                if (magic == magic_ok and kind == pub and not flags & EXPIRES
+                        and stop <= size and crc32(block[start:stop], seed) == crc):
+                    # The id's 8 bytes in hex are the message's id.
+                    msg = Message(block[start:start + 8].hex(), block[rel + body_at:stop], ts)
+                    msg.loc = loc
+                    append(msg)
                     continue
-                msg_id, ts, body, expires = found
-                msg = Message(msg_id, body, ts)
-                msg.loc = loc
-                msg.expires = expires
-                append(msg)
-        finally:
-            if fd >= 0:
-                files.close(fd)
+            found = message_at(block, rel) if 0 <= rel < size else None
+            if found is None:
+                seg, offset = split(loc)
+                block, block_loc = read(seg, READ_AHEAD, offset), loc
+                if len(block) >= header:
+                    length = records.HEADER.unpack_from(block)[2]
+                    if len(block) < header + length:
+                        block = read(seg, header + length, offset)
+                size = len(block)
+                found = message_at(block, 0)
+            if found is None:
+                append(None)
+                continue
+            msg_id, ts, body, expires = found
+            msg = Message(msg_id, body, ts)
+            msg.loc = loc
+            msg.expires = expires
+            append(msg)
         return out
 
     def hold(self, seg: int, count: int = 1) -> None:

@@ -62,8 +62,11 @@ log = logging.getLogger("pynsqd")
 
 # The oldest segment of a topic is copied out (its pending messages written anew)
 # when this few copies still hold it and newer segments exist, so one old
-# message (a long deferral, a stuck consumer) cannot keep every later file.
+# message (a long deferral, a stuck consumer) cannot keep every later file;
+# only once that count has not fallen for this long (seconds): a file its
+# consumers are reading through drains by itself.
 RELOCATE_AT_MOST = 1024
+RELOCATE_AFTER = 1.0
 # Bytes of a log file read at once at start.
 SCAN_BLOCK = 4 << 20
 
@@ -88,10 +91,13 @@ class Store:
         raise AssertionError("a memory-only broker has nothing on disk")
 
     def read_ahead(self, topic: "Topic", locs: Sequence[int],
-                   done: Callable[[list[Message | None] | None], None]) -> bool:
-        """Read the messages at ``locs`` off the event loop; ``done`` gets them (None
-        for one that fails its check; None for all if the read failed), on the loop.
-        False: cannot (no running loop), read them with ``load``."""
+                   done: Callable[[list[Message | None] | None], None],
+                   cached_only: bool = False) -> bool:
+        """Read the messages at ``locs`` without waiting for the disk on the event loop;
+        ``done`` gets them (None for one that fails its check; None for all if the read
+        failed), on the loop: at once, before this returns, when the page cache holds
+        them, else from a thread (unless ``cached_only``). False: cannot (no running
+        loop, or not in the page cache with ``cached_only``), read them with ``load``."""
         return False
 
     def delivered(self, channel: "Channel", msgs: Iterable[Message]) -> None: ...
@@ -225,6 +231,8 @@ class DiskStore(Store):
         # record per channel and kind carries all of a run of passes' deliveries.
         self._open: dict[str, dict[tuple[int, "Channel"], _Batch]] = {}
         self._dedupe: dict[str, dict[int, list[bytes]]] = {}
+        # topic -> (its oldest segment, copies holding it, since when) while few hold it
+        self._oldest: dict[str, tuple[int, int, float]] = {}
         self._unsynced = 0
         self._last_sync = time.monotonic()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="pynsq-storage")
@@ -344,9 +352,25 @@ class DiskStore(Store):
         return msg
 
     def read_ahead(self, topic: "Topic", locs: Sequence[int],
-                   done: Callable[[list[Message | None] | None], None]) -> bool:
+                   done: Callable[[list[Message | None] | None], None],
+                   cached_only: bool = False) -> bool:
         topic_log = self.logs.get(topic.name)
         if topic_log is None:
+            return False
+        # What the page cache holds (a streaming consumer's messages, written moments
+        # ago) costs a memory copy: read it here, and spare the thread's hand-offs.
+        try:
+            msgs = topic_log.read_cached(locs)
+        except OSError as err:
+            if not isinstance(err, FileNotFoundError):  # else: deleted
+                log.warning("%s: reading messages waiting on disk failed: %s (read one by "
+                            "one from now on)", topic_log.dir, err)
+            done(None)
+            return True
+        if msgs is not None:
+            done(msgs)
+            return True
+        if cached_only:
             return False
         try:
             loop = asyncio.get_running_loop()
@@ -579,15 +603,24 @@ class DiskStore(Store):
                 self._dedupe[name].setdefault(current, []).append(payload)
 
     def _relocate_stragglers(self) -> None:
+        now = self.broker.clock.monotonic()
         for name, topic_log in list(self.logs.items()):
             refs = topic_log.refs
-            if len(refs) < 3:
+            head = min(refs) if len(refs) >= 3 else -1
+            count = refs.get(head, 0)
+            if not (0 <= head < topic_log.current and 0 < count <= RELOCATE_AT_MOST):
+                self._oldest.pop(name, None)
                 continue
-            head = min(refs)
-            if head < topic_log.current and 0 < refs[head] <= RELOCATE_AT_MOST:
-                topic = self.broker.topics.get(name)
-                if topic is not None:
-                    self._relocate(topic, topic_log, head)
+            seen = self._oldest.get(name)
+            if seen is None or seen[0] != head or count < seen[1]:
+                self._oldest[name] = (head, count, now)  # still draining: wait and see
+                continue
+            if now - seen[2] < RELOCATE_AFTER:
+                continue
+            del self._oldest[name]
+            topic = self.broker.topics.get(name)
+            if topic is not None:
+                self._relocate(topic, topic_log, head)
 
     def _relocate(self, topic: "Topic", topic_log: TopicLog, seg: int) -> None:
         """Copy the messages still pending in ``seg`` to the end of the log (MOVE
