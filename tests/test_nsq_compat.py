@@ -145,6 +145,17 @@ def test_fatal_errors_send_nsqds_code_and_close(broker, commands, code):
     assert frames[-1][0] == 1 and frames[-1][1].startswith(code)
 
 
+def test_a_client_still_sending_when_refused_reads_the_error_not_a_reset(broker):
+    """A body far over the limit is refused on its size, while the client is still
+    sending it: the broker reads and drops the rest, so the client's send completes and
+    it reads the error, then the close. (Closing at once resets the connection: the
+    send fails with EPIPE and the error is lost.)"""
+    raw = Raw(broker.tcp_address)
+    raw.send("PUB t", b"x" * (16 * 1024 * 1024))
+    frames = raw.frames_until_closed()
+    assert frames == [(1, b"E_BAD_MESSAGE PUB message too big 16777216 > 1048576")]
+
+
 @pytest.mark.parametrize("data, code", [
     (b"PUB t\n\x00\x00", b"E_BAD_MESSAGE PUB failed to read message body size"),
     (b"PUB t\n\x00\x00\x00\x05abc", b"E_BAD_MESSAGE PUB failed to read message body"),

@@ -61,6 +61,9 @@ MIN_OUTPUT_BUFFER_TIMEOUT_MS, MAX_OUTPUT_BUFFER_TIMEOUT_MS = 25, 30_000
 # Message bodies handed to a connection at once (a batch, framed and written together):
 # fewer, larger socket writes, while a client that stops reading holds little more.
 BATCH_BYTES = 64 * 1024
+# Seconds a connection closed for a fatal error still reads (and drops) what its client
+# sends, so the client sees the error rather than a reset (see _hang_up).
+LINGER = 2.0
 
 OK = frame(FRAME_RESPONSE, b"OK")
 HEARTBEAT = frame(FRAME_RESPONSE, b"_heartbeat_")
@@ -107,6 +110,8 @@ class V2Connection(asyncio.Protocol):
         self.last_read = time.monotonic()
         self._heartbeat: asyncio.TimerHandle | None = None
         self._stuck: asyncio.TimerHandle | None = None
+        self._linger: asyncio.TimerHandle | None = None
+        self._eof_sent = False
         self.loop = asyncio.get_running_loop()
         # -- security: TLS after IDENTIFY, NSQ's auth --
         self.tls = False
@@ -130,21 +135,28 @@ class V2Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self.server.connections.discard(self)
-        for timer in (self._heartbeat, self._stuck):
+        for timer in (self._heartbeat, self._stuck, self._linger):
             if timer is not None:
                 timer.cancel()
         if self._waiting is not None:
             self._waiting.cancel()
+        self._detach()
+
+    def _detach(self) -> None:
         if self.consumer is not None:
             self.consumer.detach()
         self.consumer = None
 
     def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return   # hung up on an error: what the client still sends is dropped
         self.last_read = time.monotonic()
         self.buf += data
         self._process(final=False)
 
     def eof_received(self) -> bool:
+        if self.closing:
+            return False
         self._process(final=True)
         self._close()
         return False
@@ -187,7 +199,8 @@ class V2Connection(asyncio.Protocol):
         data = b"".join(out)
         out.clear()
         self.out_bytes = 0
-        if self.transport is not None and not self.transport.is_closing():
+        if self.transport is not None and not self.transport.is_closing() \
+                and not self._eof_sent:
             self.transport.write(data)
 
     def _on_message(self, msg: Message) -> None:
@@ -222,13 +235,35 @@ class V2Connection(asyncio.Protocol):
         self.send(error_frame(err))
         if err.fatal:
             log.info("TCP client %s: %s %s", self.client_id, err.code, err.message)
-            self._close()
+            self._hang_up()
 
     def _close(self) -> None:
         self._flush()
         self.closing = True
         if self.transport is not None:
             self.transport.close()
+
+    def _hang_up(self) -> None:
+        """Close after a fatal error so that the client reads the error. Closing at
+        once, as nsqd does, resets the connection when the client is still sending (a
+        body over the limit, a pipeline of commands), and the reset can drop the error
+        unread from the client's receive buffer. So: send what is queued and a FIN, stop
+        delivering, then drop what comes in until the client closes or LINGER seconds
+        pass. TLS connections cannot half-close and are closed at once."""
+        transport = self.transport
+        if self.closing or transport is None or transport.is_closing() \
+                or not transport.can_write_eof():
+            self._close()
+            return
+        self._flush()
+        self.closing = True
+        self._detach()
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            self._heartbeat = None
+        transport.write_eof()
+        self._eof_sent = True
+        self._linger = self.loop.call_later(LINGER, transport.close)
 
     def _evicted(self) -> None:
         self._close()
@@ -261,7 +296,7 @@ class V2Connection(asyncio.Protocol):
                 return
             if bytes(buf[:4]) != MAGIC_V2:
                 self.send(frame(wire.FRAME_ERROR, b"E_BAD_PROTOCOL"))
-                self._close()
+                self._hang_up()
                 return
             del buf[:4]
             self.magic_seen = True
@@ -293,7 +328,7 @@ class V2Connection(asyncio.Protocol):
         except LineTooLong:
             log.info("TCP client %s: command line over %d bytes; closing", self.client_id,
                      wire.MAX_LINE)
-            self._close()
+            self._hang_up()
         finally:
             del buf[:pos]
 
@@ -309,7 +344,7 @@ class V2Connection(asyncio.Protocol):
         except Exception as err:
             log.info("TCP client %s: %s; closing", self.client_id, err)
             self._waiting = None
-            self._close()
+            self._hang_up()
             return
         self._waiting = None
         if not self.closing:
