@@ -67,8 +67,10 @@ def main() -> None:
             sink(df.selectExpr("CAST(body AS STRING) AS body"), batch_id)
         ids = [row.id for row in df.select("id").collect()]
         if batch_id == args.hang_on_batch:
-            with open(args.marker, "w") as f:
+            # Written whole, then renamed: the test acts as soon as the marker exists.
+            with open(args.marker + ".tmp", "w") as f:
                 f.writelines(f"{i}\n" for i in ids)
+            os.replace(args.marker + ".tmp", args.marker)
             time.sleep(3600)
         with open(args.out, "a") as f:
             f.writelines(f"{i}\n" for i in ids)
