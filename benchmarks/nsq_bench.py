@@ -1,6 +1,7 @@
 """NSQ's own benchmark tools against pynsqd and nsqd, side by side in one run.
 
-    python benchmarks/nsq_bench.py [--runfor 10s] [--nsq-bin DIR] [--event-loop asyncio uvloop]
+    python benchmarks/nsq_bench.py [--runfor 10s] [--rounds 1] [--nsq-bin DIR]
+        [--event-loop asyncio uvloop]
 
 ``bench_writer`` (MPUB of 200 × 100-byte messages, one connection per core)
 runs for ``--runfor`` against each broker, then ``bench_reader`` (RDY 2500, one
@@ -12,7 +13,8 @@ pynsqd runs once per event loop asked for (by default asyncio, and uvloop too
 when it is installed), and once more memory only (no ``--data-path``), which
 tells storage's share of its cost from the rest. Reported: msgs/s, and the
 broker's CPU time per message (from ``/proc``; steadier than msgs/s on a shared
-machine). The ratios are pynsqd ÷ nsqd from the same run.
+machine). The ratios are pynsqd ÷ nsqd from the same round; with ``--rounds`` each
+figure and ratio is the median over the rounds.
 
 NSQ's binaries are looked for in ``$NSQ_BIN``, else ``../shared/nsq/bin``
 beside the repository; when they are absent the benchmark says so and skips.
@@ -25,6 +27,7 @@ import importlib.util
 import json
 import os
 import re
+import statistics
 import subprocess
 import tempfile
 from pathlib import Path
@@ -116,32 +119,53 @@ def run_pynsqd(folder: Path, runfor: str, event_loop: str = "asyncio",
             stop(proc)
 
 
+def one_round(folder: Path, runfor: str, loops: list[str]) -> dict:
+    """nsqd, then pynsqd under each of ``loops``, then pynsqd memory only under the first."""
+    nsqd = run_nsqd(folder, runfor)
+    by_loop = {}
+    for loop in loops:
+        r = run_pynsqd(folder, runfor, loop)
+        by_loop[loop] = {**r, "write_ratio": round(r["write_msgs_per_s"]
+                                                   / nsqd["write_msgs_per_s"], 3),
+                         "read_ratio": round(r["read_msgs_per_s"] / nsqd["read_msgs_per_s"], 3)}
+    memory = run_pynsqd(folder, runfor, loops[0], durable=False)
+    return {"nsqd": nsqd, "by_event_loop": by_loop,
+            "pynsqd_memory_only": {**memory, "read_ratio": round(
+                memory["read_msgs_per_s"] / nsqd["read_msgs_per_s"], 3)}}
+
+
+def medians(results: list[dict]) -> dict:
+    """The median of each figure over rounds (nested dicts alike). A ratio's median is
+    the median of each round's ratio: nsqd and pynsqd measured minutes apart on a shared
+    machine compare worse than within one round."""
+    first = results[0]
+    if isinstance(first, dict):
+        return {k: medians([r[k] for r in results]) for k in first}
+    value = statistics.median(results)
+    return round(value, 3 if isinstance(first, float) else None) \
+        if isinstance(first, (int, float)) else value
+
+
 def run(runfor: str = "10s", explicit_bin: str | None = None,
-        loops: list[str] | None = None) -> dict:
-    """nsqd, then pynsqd under each event loop of ``loops`` (default: ``event_loops()``),
-    then pynsqd memory only under the first; {"skipped": reason} when NSQ's binaries
-    are absent. ``pynsqd`` and the ratios are the first loop's; ``by_event_loop`` has
-    every loop's figures and ratios; ``pynsqd_memory_only`` its figures and read ratio."""
+        loops: list[str] | None = None, rounds: int = 1) -> dict:
+    """``rounds`` rounds of: nsqd, then pynsqd under each event loop of ``loops``
+    (default: ``event_loops()``), then pynsqd memory only under the first; each figure
+    is the median over the rounds. {"skipped": reason} when NSQ's binaries are absent.
+    ``pynsqd`` and the ratios are the first loop's; ``by_event_loop`` has every loop's
+    figures and ratios; ``pynsqd_memory_only`` its figures and read ratio."""
     folder = nsq_bin(explicit_bin)
     if folder is None:
         return {"skipped": "NSQ's binaries (nsqd, bench_writer, bench_reader) were not found: "
                            "set NSQ_BIN to their folder"}
     halved(runfor)  # a bad duration fails here, before any broker starts
-    nsqd = run_nsqd(folder, runfor)
-    by_loop = {}
-    for loop in loops or event_loops():
-        r = run_pynsqd(folder, runfor, loop)
-        by_loop[loop] = {**r, "write_ratio": round(r["write_msgs_per_s"]
-                                                   / nsqd["write_msgs_per_s"], 3),
-                         "read_ratio": round(r["read_msgs_per_s"] / nsqd["read_msgs_per_s"], 3)}
-    first = next(iter(by_loop.values()))
-    memory = run_pynsqd(folder, runfor, next(iter(by_loop)), durable=False)
-    return {"runfor": runfor, "nsqd": nsqd,
+    loops = loops or event_loops()
+    r = medians([one_round(folder, runfor, loops) for _ in range(max(1, rounds))])
+    first = r["by_event_loop"][loops[0]]
+    return {"runfor": runfor, "rounds": max(1, rounds), "nsqd": r["nsqd"],
             "pynsqd": {k: v for k, v in first.items() if not k.endswith("_ratio")},
             "write_ratio": first["write_ratio"], "read_ratio": first["read_ratio"],
-            "by_event_loop": by_loop,
-            "pynsqd_memory_only": {**memory, "read_ratio": round(
-                memory["read_msgs_per_s"] / nsqd["read_msgs_per_s"], 3)}}
+            "by_event_loop": r["by_event_loop"],
+            "pynsqd_memory_only": r["pynsqd_memory_only"]}
 
 
 def main() -> None:
@@ -152,8 +176,10 @@ def main() -> None:
     parser.add_argument("--event-loop", nargs="+", choices=("asyncio", "uvloop"),
                         help="pynsqd's event loops to run (default: asyncio, and uvloop when "
                              "installed)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of every run; each figure is the median (default 1)")
     args = parser.parse_args()
-    print(json.dumps(run(args.runfor, args.nsq_bin, args.event_loop), indent=2))
+    print(json.dumps(run(args.runfor, args.nsq_bin, args.event_loop, args.rounds), indent=2))
 
 
 if __name__ == "__main__":

@@ -21,12 +21,12 @@ from . import durability, grpc_throughput, nsq_bench, scaling, tcp_throughput, t
 
 FULL = {"grpc": 200_000, "tcp": 400_000, "spark": 1_000_000, "writers": 1_000_000,
         "durable": 200_000, "durable_rounds": 3,
-        "queued": 1_000_000, "latency": 3000, "nsq_runfor": "10s", "scaling": 50_000,
-        "tls": 200_000}
+        "queued": 1_000_000, "latency": 3000, "nsq_runfor": "5s", "nsq_rounds": 3,
+        "scaling": 50_000, "tls": 200_000}
 QUICK = {"grpc": 20_000, "tcp": 40_000, "spark": 50_000, "writers": 20_000,
          "durable": 20_000, "durable_rounds": 1,
-         "queued": 50_000, "latency": 500, "nsq_runfor": "2s", "scaling": 5_000,
-         "tls": 20_000}
+         "queued": 50_000, "latency": 500, "nsq_runfor": "2s", "nsq_rounds": 1,
+         "scaling": 5_000, "tls": 20_000}
 
 
 def row(name: str, value: float, unit: str, baseline: float | None, goal: str) -> dict:
@@ -68,11 +68,12 @@ def spark_rows(sizes: dict) -> list[dict]:
 def nsq_rows(sizes: dict) -> list[dict]:
     """NSQ's own bench_writer/bench_reader, pynsqd ÷ nsqd in the same run, under each
     event loop pynsqd can use; CPU per message (broker's, from /proc) beside each."""
-    r = nsq_bench.run(sizes["nsq_runfor"])
+    r = nsq_bench.run(sizes["nsq_runfor"], rounds=sizes["nsq_rounds"])
     if "skipped" in r:
         print(f"NSQ's bench tools: skipped ({r['skipped']})")
         return []
     nsqd, rows = r["nsqd"], []
+    of = f" (medians of {r['rounds']})" if r["rounds"] > 1 else ""
     for i, (loop, p) in enumerate(r["by_event_loop"].items()):
         for kind, tool, shape, goal in (("write", "bench_writer", "MPUB 200x100B", ">= 1.0"),
                                         ("read", "bench_reader", "RDY 2500", ">= 0.8")):
@@ -81,13 +82,13 @@ def nsq_rows(sizes: dict) -> list[dict]:
                             nsqd[f"{kind}_msgs_per_s"],
                             f"ratio {goal} (÷ nsqd 1.3.0); CPU us/msg "
                             f"{p[f'{kind}_cpu_us_per_msg']:.2f} vs nsqd "
-                            f"{nsqd[f'{kind}_cpu_us_per_msg']:.2f}"))
+                            f"{nsqd[f'{kind}_cpu_us_per_msg']:.2f}{of}"))
     memory = r["pynsqd_memory_only"]
     rows.append(row("nsq bench_reader, pynsqd memory only (÷ nsqd)", memory["read_msgs_per_s"],
                     "msgs/s", nsqd["read_msgs_per_s"],
                     f"storage's share of the read; CPU us/msg "
                     f"{memory['read_cpu_us_per_msg']:.2f} vs nsqd "
-                    f"{nsqd['read_cpu_us_per_msg']:.2f}"))
+                    f"{nsqd['read_cpu_us_per_msg']:.2f}{of}"))
     return rows
 
 
