@@ -8,9 +8,13 @@ from collections import Counter
 
 import grpc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker import ClientError
 from broker.api import broker_pb2 as pb
+from broker.message import Message
+from broker.server.grpc_server import MAX_FRAME_BYTES, delivery_frames, encode_delivery
 
 from .grpckit import channel_stats, collect, so_far
 from .helpers import wait_for
@@ -224,3 +228,41 @@ def test_nop_is_accepted_and_the_stream_goes_on(client):
         [(_, msg)] = collect([sub], 1)
         assert so_far(sub) == ([], [])
     assert msg.id == msg_id
+
+
+# -- the delivery frame, encoded by hand ---------------------------------------------
+
+def _protobufs(msgs):
+    return pb.ServerFrame(messages=pb.Messages(messages=[
+        pb.Message(id=m.id, body=m.body, timestamp=m.timestamp, attempts=m.attempts)
+        for m in msgs])).SerializeToString()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=20), st.binary(max_size=300),
+                          st.sampled_from([0, 1, 127, 128, 1_700_000_000_000_000_000])
+                          | st.integers(-2**63, 2**63 - 1),
+                          st.integers(0, 65535)), max_size=30),
+       st.booleans())
+def test_a_delivery_frame_is_byte_for_byte_what_protobuf_writes(fields, shared_ts):
+    """Consumer streams send delivery frames encoded without protobuf objects: the
+    same bytes for any ids, bodies (empty ones too), publish times (zero, negative,
+    runs of equal ones, as an MPUB's) and attempts."""
+    msgs = []
+    for msg_id, body, ts, attempts in fields:
+        msg = Message(msg_id, body, fields[0][2] if shared_ts else ts)
+        msg.attempts = attempts
+        msgs.append(msg)
+    encoded = encode_delivery(msgs)
+    assert encoded == _protobufs(msgs)
+    assert pb.ServerFrame.FromString(encoded).messages == pb.ServerFrame.FromString(
+        _protobufs(msgs)).messages
+
+
+def test_delivery_frames_are_bounded_and_large_bodies_keep_their_length():
+    big = [Message(f"{i:016x}", b"x" * 300_000, 1) for i in range(10)]
+    frames = delivery_frames(big)
+    assert len(frames) > 1
+    decoded = [m for f in frames for m in pb.ServerFrame.FromString(f).messages.messages]
+    assert [(m.id, len(m.body)) for m in decoded] == [(m.id, 300_000) for m in big]
+    assert all(len(f) <= MAX_FRAME_BYTES + 64 * 1024 for f in frames)

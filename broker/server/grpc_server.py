@@ -65,10 +65,6 @@ async def abort(context, err: BrokerError, prefix: str = "") -> None:
                         trailing_metadata=((ERROR_CODE_METADATA, err.code),))
 
 
-def to_pb(msg: Message) -> pb.Message:
-    return pb.Message(id=msg.id, body=msg.body, timestamp=msg.timestamp, attempts=msg.attempts)
-
-
 def chunks(msgs: list[Message]) -> list[list[Message]]:
     """Split messages into frames bounded in count and body bytes."""
     out, batch, size = [], [], 0
@@ -83,8 +79,95 @@ def chunks(msgs: list[Message]) -> list[list[Message]]:
     return out
 
 
-def frames_of(msgs: list[Message]) -> list[pb.Messages]:
-    return [pb.Messages(messages=[to_pb(m) for m in chunk]) for chunk in chunks(msgs)]
+def _varint(n: int) -> bytes:
+    """Protobuf's base-128 varint; a negative int64 as its two's complement."""
+    n &= 0xFFFF_FFFF_FFFF_FFFF
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+# Varints of small numbers (lengths, attempts), looked up instead of computed.
+_SMALL = [_varint(n) for n in range(1 << 14)]
+
+
+def _small(n: int) -> bytes:
+    return _SMALL[n] if n < 16384 else _varint(n)
+
+
+def encode_delivery(msgs: list[Message]) -> bytes:
+    """``ServerFrame(messages=Messages(messages=[...]))`` serialized, byte for byte
+    what protobuf writes (fields in order, zero values left out), without building a
+    protobuf object per message: three times cheaper, and a consumer stream's largest
+    per-message cost. The publish time is encoded once per run of equal ones (an
+    MPUB's messages share it)."""
+    parts: list[bytes] = []
+    last_ts, ts_field = 0, b""
+    varint = _small
+    for msg in msgs:
+        ts = msg.timestamp
+        if ts != last_ts:
+            last_ts, ts_field = ts, (b"\x18" + _varint(ts)) if ts else b""
+        msg_id = msg.id.encode()
+        body, attempts = msg.body, msg.attempts
+        head = (b"\x0a" + varint(len(msg_id)) + msg_id) if msg_id else b""
+        if body:
+            head += b"\x12" + varint(len(body))
+        tail = ts_field + b"\x20" + varint(attempts) if attempts else ts_field
+        size = len(head) + len(body) + len(tail)
+        parts += (b"\x0a", varint(size), head, body, tail)
+    encoded = b"".join(parts)
+    return b"\x12" + _varint(len(encoded)) + encoded
+
+
+def delivery_frames(msgs: list[Message]) -> list[bytes]:
+    """Delivery frames of ``msgs``, encoded, each bounded as ``chunks`` bounds it."""
+    return [encode_delivery(chunk) for chunk in chunks(msgs)]
+
+
+def _encoded_or_frame(frame: "pb.ServerFrame | bytes") -> bytes:
+    return frame if type(frame) is bytes else frame.SerializeToString()
+
+
+def _taking_encoded(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """Subscribe's handler, its responses either ``ServerFrame`` or already encoded."""
+    return grpc.stream_stream_rpc_method_handler(
+        handler.stream_stream, request_deserializer=handler.request_deserializer,
+        response_serializer=_encoded_or_frame)
+
+
+SUBSCRIBE = "/pynsq.v1.Broker/Subscribe"
+
+
+class _Registrar:
+    """Passes the generated handlers on to the server, Subscribe's ``_taking_encoded``
+    (the generated code knows only protobuf's serializer)."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self.server = server
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        self.server.add_generic_rpc_handlers(tuple(_SubscribeEncoded(h) for h in handlers))
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        handlers = dict(handlers)
+        if "Subscribe" in handlers:
+            handlers["Subscribe"] = _taking_encoded(handlers["Subscribe"])
+        self.server.add_registered_method_handlers(service, handlers)
+
+
+class _SubscribeEncoded(grpc.GenericRpcHandler):
+    def __init__(self, inner: grpc.GenericRpcHandler) -> None:
+        self.inner = inner
+
+    def service(self, handler_call_details):
+        handler = self.inner.service(handler_call_details)
+        if handler is not None and handler_call_details.method == SUBSCRIBE:
+            return _taking_encoded(handler)
+        return handler
 
 
 class _Fatal(Exception):
@@ -136,7 +219,8 @@ class BrokerService(pb_grpc.BrokerServicer):
                               user_agent=str(metadata.get("user-agent", "")), tls=tls,
                               authed=bool(self.broker.options.auth_http_addresses))
 
-    async def Subscribe(self, request_iterator, context) -> AsyncIterator[pb.ServerFrame]:
+    async def Subscribe(self, request_iterator, context
+                        ) -> AsyncIterator["pb.ServerFrame | bytes"]:
         outbox: list[Message] = []
         replies: list[pb.ServerFrame] = []
         wake = asyncio.Event()
@@ -220,8 +304,8 @@ class BrokerService(pb_grpc.BrokerServicer):
                 if outbox:
                     msgs, outbox[:] = list(outbox), []
                     state["bytes"] = 0
-                    for frame in frames_of(msgs):
-                        yield pb.ServerFrame(messages=frame)
+                    for frame in delivery_frames(msgs):
+                        yield frame
                     if state["stuck"] is not None:
                         state["stuck"].cancel()
                         state["stuck"] = None
@@ -470,6 +554,6 @@ async def start_grpc_server(broker: Broker, address: str,
         raise OSError(f"cannot listen on {address} (gRPC): address in use or not available")
     bound = f"{host}:{bound_port}"
     service = BrokerService(broker, bound)
-    pb_grpc.add_BrokerServicer_to_server(service, server)
+    pb_grpc.add_BrokerServicer_to_server(service, _Registrar(server))
     await server.start()
     return server, bound
