@@ -92,35 +92,34 @@ def _varint(n: int) -> bytes:
 
 # Varints of small numbers (lengths, attempts), looked up instead of computed.
 _SMALL = [_varint(n) for n in range(1 << 14)]
-
-
-def _small(n: int) -> bytes:
-    return _SMALL[n] if n < 16384 else _varint(n)
+_ATTEMPTS = [b"\x20" + v for v in _SMALL]    # the attempts field, tag and value
 
 
 def encode_delivery(msgs: list[Message]) -> bytes:
     """``ServerFrame(messages=Messages(messages=[...]))`` serialized, byte for byte
     what protobuf writes (fields in order, zero values left out), without building a
-    protobuf object per message: three times cheaper, and a consumer stream's largest
-    per-message cost. The publish time is encoded once per run of equal ones (an
-    MPUB's messages share it)."""
+    protobuf object per message: the largest per-message cost of a consumer stream
+    before, about three times cheaper now. The publish time is encoded once per run of
+    equal ones (an MPUB's messages share it)."""
     parts: list[bytes] = []
     last_ts, ts_field = 0, b""
-    varint = _small
+    small, limit, varint = _SMALL, len(_SMALL), _varint
     for msg in msgs:
         ts = msg.timestamp
         if ts != last_ts:
-            last_ts, ts_field = ts, (b"\x18" + _varint(ts)) if ts else b""
+            last_ts, ts_field = ts, (b"\x18" + varint(ts)) if ts else b""
         msg_id = msg.id.encode()
-        body, attempts = msg.body, msg.attempts
-        head = (b"\x0a" + varint(len(msg_id)) + msg_id) if msg_id else b""
-        if body:
-            head += b"\x12" + varint(len(body))
-        tail = ts_field + b"\x20" + varint(attempts) if attempts else ts_field
-        size = len(head) + len(body) + len(tail)
-        parts += (b"\x0a", varint(size), head, body, tail)
+        body = msg.body
+        n, k = len(body), len(msg_id)
+        head = b"\x0a" + (small[k] if k < limit else varint(k)) + msg_id if k else b""
+        if n:
+            head += b"\x12" + (small[n] if n < limit else varint(n))
+        a = msg.attempts
+        tail = ts_field + (_ATTEMPTS[a] if a < limit else b"\x20" + varint(a)) if a else ts_field
+        size = len(head) + n + len(tail)
+        parts += (b"\x0a", small[size] if size < limit else varint(size), head, body, tail)
     encoded = b"".join(parts)
-    return b"\x12" + _varint(len(encoded)) + encoded
+    return b"\x12" + varint(len(encoded)) + encoded
 
 
 def delivery_frames(msgs: list[Message]) -> list[bytes]:
@@ -236,8 +235,11 @@ class BrokerService(pb_grpc.BrokerServicer):
             stream_task.cancel()        # the finally below requeues what it held
 
         def on_message(msg: Message) -> None:
-            outbox.append(msg)
-            state["bytes"] += len(msg.body)
+            on_messages((msg,))
+
+        def on_messages(msgs: "list[Message] | tuple[Message, ...]") -> None:
+            outbox.extend(msgs)
+            state["bytes"] += sum([len(msg.body) for msg in msgs])
             # Backpressure: a client that does not read gets nothing more until
             # what waits for it has been handed to gRPC; stuck past its message
             # timeout, it is disconnected.
@@ -265,7 +267,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             consumer = Consumer.attach(self.broker, sub.topic, sub.channel, on_message,
                                        identity=self._identity(context, sub.client_id),
                                        msg_timeout_ms=sub.msg_timeout_ms, on_evicted=evicted,
-                                       batch_bytes=STREAM_BUFFER_BYTES)
+                                       on_messages=on_messages, batch_bytes=STREAM_BUFFER_BYTES)
         except BrokerError as err:
             await abort(context, err, "SUB: ")
         state["consumer"] = consumer
