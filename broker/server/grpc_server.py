@@ -157,6 +157,9 @@ class _Registrar:
             handlers["Subscribe"] = _taking_encoded(handlers["Subscribe"])
         self.server.add_registered_method_handlers(service, handlers)
 
+    def __getattr__(self, name: str):
+        return getattr(self.server, name)   # anything else newer generated code calls
+
 
 class _SubscribeEncoded(grpc.GenericRpcHandler):
     def __init__(self, inner: grpc.GenericRpcHandler) -> None:
