@@ -266,8 +266,8 @@ PUB_WHOLE = struct.Struct(HEADER.format + PUB_HEAD.format[1:])
 PUB_SEED = _SEEDS[PUB]
 PUB_BODY_AT = PUB_WHOLE.size
 # The fields of a PUB's header and head that reading it back checks or keeps: the magic
-# as a number, type, length, crc32, publish ns, flags (the id is taken as bytes).
-PUB_CHECK = struct.Struct(">HBII8xq8xB")
+# as a number, type, length, crc32, the id's 8 bytes, publish ns, flags.
+PUB_CHECK = struct.Struct(">HBII8sq8xB")
 MAGIC_NUMBER = int.from_bytes(MAGIC, "big")
 
 

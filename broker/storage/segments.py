@@ -224,13 +224,13 @@ class TopicLog:
             rel = loc - block_loc
             # The common case: a PUB with no expiry, whole in the block read.
             if 0 <= rel and rel + body_at <= size:
-                magic, kind, length, crc, ts, flags = unpack(block, rel)
+                magic, kind, length, crc, raw_id, ts, flags = unpack(block, rel)
                 start = rel + header
                 stop = start + length
                 if (magic == magic_ok and kind == pub and not flags & EXPIRES
                         and stop <= size and crc32(block[start:stop], seed) == crc):
                     # The id's 8 bytes in hex are the message's id.
-                    msg = Message(block[start:start + 8].hex(), block[rel + body_at:stop], ts)
+                    msg = Message(raw_id.hex(), block[rel + body_at:stop], ts)
                     msg.loc = loc
                     append(msg)
                     continue
