@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from broker import Client, EmbeddedBroker
+from broker.server import tcp
 
 from .helpers import wait_for
 
@@ -154,6 +155,25 @@ def test_a_client_still_sending_when_refused_reads_the_error_not_a_reset(broker)
     raw.send("PUB t", b"x" * (16 * 1024 * 1024))
     frames = raw.frames_until_closed()
     assert frames == [(1, b"E_BAD_MESSAGE PUB message too big 16777216 > 1048576")]
+
+
+def test_a_client_that_never_closes_after_an_error_is_closed_when_the_linger_ends(
+        broker, monkeypatch):
+    """The broker's half-close waits for the client only so long: then the socket is
+    closed, and what the client sends next is refused (a reset)."""
+    monkeypatch.setattr(tcp, "LINGER", 0.3)
+    raw = Raw(broker.tcp_address)
+    raw.send("EXPLODE")
+    assert raw.frames_until_closed() == [(1, b"E_INVALID invalid command EXPLODE")]
+
+    def refused() -> bool:
+        try:
+            raw.sock.sendall(b"NOP\n")
+        except (BrokenPipeError, ConnectionResetError):
+            return True
+        return False
+
+    wait_for(refused, 10, interval=0.05, message="the broker to close the socket")
 
 
 @pytest.mark.parametrize("data, code", [
