@@ -37,3 +37,12 @@ def test_quick_benchmark_prints_and_writes_the_table(tmp_path):
         assert r["value"] > 0
         assert r["ratio"] is None or r["ratio"] > 0
         assert r["figure"] in result.stdout
+
+
+def test_nsq_rounds_report_each_figures_median_and_the_median_of_each_rounds_ratio():
+    rounds = [{"nsqd": {"read_msgs_per_s": r, "read_cpu_us_per_msg": c},
+               "by_event_loop": {"asyncio": {"read_ratio": q}}}
+              for r, c, q in ((100, 3.0, 0.7), (300, 2.0, 1.1), (230, 9.5, 0.8))]
+    assert nsq_bench.medians(rounds) == {
+        "nsqd": {"read_msgs_per_s": 230, "read_cpu_us_per_msg": 3.0},
+        "by_event_loop": {"asyncio": {"read_ratio": 0.8}}}
