@@ -496,3 +496,32 @@ def test_a_file_its_consumer_is_reading_through_is_not_copied_out(tmp_path):
     moves = [r for path in sorted((tmp_path / "topics" / "t-events").glob("*.log"))
              for r in records.scan(path.read_bytes(), str(path)) if r.kind == records.MOVE]
     assert moves == []
+
+
+def test_a_topic_deleted_and_made_anew_gets_its_own_second_before_a_file_is_copied_out(
+        tmp_path):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=2048, mem_queue_size=5)
+
+    def one_old_message_and_many_new() -> None:
+        consumer = Recorder(broker)
+        ch = broker.subscribe(consumer, "events", "work")
+        old = broker.publish("events", b"old")
+        ch.set_rdy(consumer, 1)
+        ch.requeue(consumer, old, delay=3000)
+        for i in range(300):
+            broker.publish("events", f"new-{i}".encode() * 5)
+            ch.set_rdy(consumer, 1000)
+            consumer.fin_all()
+
+    one_old_message_and_many_new()
+    broker.storage.tick()          # one old copy holds the first file: watched from now
+    clock.advance(1)
+    broker.delete_topic("events")
+    one_old_message_and_many_new()  # the same shape again, under the same name
+    head = min(broker.storage.logs["events"].refs)
+    broker.storage.tick()          # the new topic's first look: nothing is copied yet
+    assert min(broker.storage.logs["events"].refs) == head
+    clock.advance(1)
+    broker.storage.tick()          # a second later it is
+    assert min(broker.storage.logs["events"].refs) > head

@@ -478,6 +478,7 @@ class DiskStore(Store):
         self._open.pop(topic.name, None)
         self._logged.pop(topic.name, None)
         self._dedupe.pop(topic.name, None)
+        self._oldest.pop(topic.name, None)   # a topic made anew under the name starts over
         topic_log = self.logs.pop(topic.name, None)
         if topic_log is None:
             return
