@@ -90,8 +90,10 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-# Varints of small numbers (lengths, attempts), looked up instead of computed.
-_SMALL = [_varint(n) for n in range(1 << 14)]
+# Varints of small numbers (lengths, attempts), looked up instead of computed: one
+# byte below 128, two below 16384 (built directly: a loop per number at import costs).
+_SMALL = [bytes((n,)) for n in range(128)] + [bytes(((n & 0x7F) | 0x80, n >> 7))
+                                              for n in range(128, 1 << 14)]
 _ATTEMPTS = [b"\x20" + v for v in _SMALL]    # the attempts field, tag and value
 
 
