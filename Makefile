@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test bench protos check-python check-java clean
+.PHONY: demo test bench mutants protos check-python check-java clean
 
 demo: check-java $(INSTALLED)
 	$(BIN)/python examples/demo.py
@@ -17,6 +17,16 @@ test: check-java $(INSTALLED)
 # Benchmarks: one table of ratios against same-run baselines (BENCH_ARGS=--quick for a short run).
 bench: check-java $(INSTALLED)
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+
+# Mutation testing: plants small bugs one at a time in the modules configured in
+# pyproject.toml ([tool.mutmut]) and runs their fast tests against each (MUTANTS="broker.storage.*"
+# for one area); `$(BIN)/mutmut results` lists what survived.
+mutants: $(VENV)/.installed-dev
+	nice -n 10 $(BIN)/mutmut run --max-children 1 $(MUTANTS)
+
+$(VENV)/.installed-dev: $(INSTALLED)
+	$(BIN)/python -m pip install -e '.[dev]' --config-settings editable_mode=compat
+	touch $@
 
 # Regenerate the gRPC stubs in broker/api/ from protos/ (commit the result).
 protos: $(INSTALLED)

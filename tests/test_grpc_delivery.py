@@ -91,11 +91,13 @@ def test_req_with_delay_comes_back_from_the_deferred_queue(client):
 
 
 def test_touch_keeps_a_message_in_flight_past_its_timeout(client):
-    with client.subscribe("events", "work", rdy=1, msg_timeout_ms=1000) as sub:
+    # Touches every 0.1 s against a 2 s timeout, for 1.5 timeouts: the margin is 20 touch
+    # intervals, so a loaded machine's scheduling delays cannot time the message out.
+    with client.subscribe("events", "work", rdy=1, msg_timeout_ms=2000) as sub:
         client.publish("events", "slow")
         [(_, msg)] = collect([sub], 1, fin=False)
         started = time.monotonic()
-        while time.monotonic() - started < 1.5:  # past the timeout, touching often
+        while time.monotonic() - started < 3.0:  # past the timeout, touching often
             sub.touch(msg.id)
             time.sleep(0.1)
         sub.fin(msg.id)

@@ -139,10 +139,11 @@ def test_a_batch_running_longer_than_msg_timeout_keeps_its_messages(
     def slow(df, batch_id):
         rows = df.select("id", "attempts").collect()
         seen_attempts.extend((r.id, r.attempts) for r in rows)
-        # A sink whose work outlasts msgTimeoutMs (1 s) several times over.
-        time.sleep(3.5)
+        # A sink whose work outlasts msgTimeoutMs (2 s) twice over: the lease keeper's
+        # TOUCHes (every 0.5 s at this timeout) have a margin of four intervals.
+        time.sleep(4.5)
 
-    query = (reader(spark, broker.address, "events", msgTimeoutMs=1000).writeStream
+    query = (reader(spark, broker.address, "events", msgTimeoutMs=2000).writeStream
              .foreachBatch(slow).option("checkpointLocation", str(tmp_path / "ck"))
              .trigger(availableNow=True).start())
     query.awaitTermination(120)
