@@ -47,12 +47,12 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from .. import deadletter
 from ..backlog import ReadLater
-from ..errors import InvalidChannel, QueueFull, StorageFailed
+from ..errors import AdminFailed, InvalidChannel, QueueFull, StorageFailed
 from ..message import Message
 from ..options import Options
 from . import fileops, records
 from .replay import Replay
-from .segments import MAX_FILE, OFFSET_BITS, TopicLog, segment_of
+from .segments import OFFSET_BITS, TopicLog, segment_of
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -249,14 +249,6 @@ class DiskStore(Store):
         self.files = files or fileops.current
         self.spill_limit = options.mem_queue_size
         self.path = Path(options.data_path)
-        # What the log format can hold is checked here, at start: never a message or a
-        # file the broker accepts and a restart could not read back.
-        if options.max_msg_size > records.MAX_BODY:
-            raise ValueError(f"max-msg-size {options.max_msg_size} is more than a durable "
-                             f"message can be ({records.MAX_BODY} bytes) with --data-path")
-        if options.max_bytes_per_file > MAX_FILE:
-            raise ValueError(f"max-bytes-per-file {options.max_bytes_per_file} is more than "
-                             f"a log file can be ({MAX_FILE} bytes)")
         self.files.mkdir(str(self.path))
         self._lock_fd = self._lock()
         self.logs: dict[str, TopicLog] = {}
@@ -535,7 +527,7 @@ class DiskStore(Store):
             if not topic_log.segment_numbers():  # leave no directory a start would restore
                 self.files.rmtree(str(topic_log.dir))
             log.error("%s: topic %s could not be created: %s", topic_log.dir, topic.name, err)
-            raise StorageFailed(f"topic {topic.name} could not be created: the data path "
+            raise AdminFailed(f"topic {topic.name} could not be created: the data path "
                                 f"could not take it ({err.strerror or err}); nothing was "
                                 f"changed") from None
         self.logs[topic.name] = topic_log
@@ -553,7 +545,7 @@ class DiskStore(Store):
             except OSError as err:
                 log.error("%s: topic %s could not be deleted: %s", topic_log.dir,
                           topic.name, err)
-                raise StorageFailed(f"topic {topic.name} could not be deleted: the data path "
+                raise AdminFailed(f"topic {topic.name} could not be deleted: the data path "
                                     f"could not take it ({err.strerror or err}); nothing was "
                                     f"changed") from None
             self._new_dirs.append(str(trash.parent))
@@ -581,7 +573,7 @@ class DiskStore(Store):
             topic_log.append(prefix + change.data)
         except OSError as err:
             log.error("%s: %s failed: %s", topic_log.dir, what, err)
-            raise StorageFailed(f"{what} failed: the data path could not take its record "
+            raise AdminFailed(f"{what} failed: the data path could not take its record "
                                 f"({err.strerror or err}); nothing was changed") from None
         self._written(topic.name, queued)
         change.apply(self._logged[topic.name])
