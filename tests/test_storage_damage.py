@@ -168,3 +168,14 @@ def test_a_durable_channel_past_what_the_log_holds_is_refused_at_creation(tmp_pa
     crash(broker)
     broker = start(tmp_path, clock)
     assert set(broker.topic("events").channels) == {"a", "b", "c"}
+
+
+def test_options_past_what_the_log_holds_are_refused_at_start_with_a_data_path(tmp_path):
+    from broker import Options
+    from broker.storage.segments import MAX_FILE
+    with pytest.raises(ValueError, match="max-msg-size .* more than a durable message"):
+        Options(data_path=str(tmp_path), max_msg_size=records.MAX_BODY + 1)
+    with pytest.raises(ValueError, match="max-bytes-per-file .* more than a log file"):
+        Options(data_path=str(tmp_path), max_bytes_per_file=MAX_FILE + 1)
+    Options(max_msg_size=records.MAX_BODY + 1)   # memory only: no log to hold it
+    Options(data_path=str(tmp_path), max_msg_size=records.MAX_BODY)
