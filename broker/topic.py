@@ -131,33 +131,43 @@ class Topic:
         if channel is None:
             check_channel_name(name)
             channel = Channel(self, name)
+            self._store.channel_created(channel)  # written first, or nothing changes
             self.channels[name] = channel
-            self._store.channel_created(channel)
             self.broker.on_channel_created(channel)
             self._flush_held()
         return channel
 
     def delete_channel(self, name: str) -> None:
         channel = self.channel(name)
+        self._store.channel_deleted(channel)  # written first, or nothing changes
         del self.channels[name]
         for consumer in channel.close():
             self.broker.on_consumer_evicted(consumer)
-        self._store.channel_deleted(channel)
         self.broker.on_channel_deleted(channel)
         if self.ephemeral and not self.channels:
             self.broker.delete_topic(self.name)
 
     def pause(self) -> None:
-        self.paused = True
-        self._store.topic_changed(self)
+        self._set_paused(True)
 
     def unpause(self) -> None:
-        self.paused = False
-        self._store.topic_changed(self)
+        self._set_paused(False)
         self._flush_held()
+
+    def _set_paused(self, paused: bool) -> None:
+        was, self.paused = self.paused, paused
+        try:
+            self._store.topic_changed(self)  # written first, or nothing changes
+        except BaseException:
+            self.paused = was
+            raise
 
     def empty(self) -> None:
         """Drop what the topic holds for later channels (channels keep theirs)."""
+        self._store.emptying(self, None)  # written first, or nothing changes
+        self._drop_held()
+
+    def _drop_held(self) -> None:
         msgs = [*self._held.messages(), *(m for m, _ in self._held_later)]
         on_disk = list(self._held.on_disk())
         self._held.take_all()
@@ -169,7 +179,7 @@ class Topic:
             channel = self.channels.pop(name)
             for consumer in channel.close():
                 self.broker.on_consumer_evicted(consumer)
-        self.empty()
+        self._drop_held()
 
     def stats(self, channel: str | None = None) -> TopicStats:
         channels = [c for n, c in sorted(self.channels.items()) if channel is None or n == channel]
@@ -181,7 +191,8 @@ class Topic:
                           channels=[c.stats() for c in channels],
                           e2e_processing_latency=latency.percentiles(),
                           on_disk_count=len(self._held) - self._held.in_memory,
-                          disk_bytes=self._store.disk_bytes(self))
+                          disk_bytes=self._store.disk_bytes(self),
+                          disk_read_errors=self._store.read_errors(self))
 
 
 def _runs(held: list) -> "list[list[Message] | OnDisk]":

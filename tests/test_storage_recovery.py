@@ -525,3 +525,67 @@ def test_a_topic_deleted_and_made_anew_gets_its_own_second_before_a_file_is_copi
     clock.advance(1)
     broker.storage.tick()          # a second later it is
     assert min(broker.storage.logs["events"].refs) > head
+
+
+@pytest.mark.parametrize("failing", [1, 3])
+def test_a_file_is_not_deleted_while_the_fsync_of_what_replaced_it_fails(tmp_path, monkeypatch,
+                                                                        failing):
+    files = FaultyFiles()
+    monkeypatch.setattr(fileops, "current", files)
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=2048, mem_queue_size=5)
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    old = broker.publish("events", b"old")
+    ch.set_rdy(consumer, 1)
+    ch.requeue(consumer, old, delay=3000)   # deferred: holds the first file
+    for i in range(300):
+        broker.publish("events", f"new-{i}".encode() * 5)
+        ch.set_rdy(consumer, 1000)
+        consumer.fin_all()
+    broker.storage.wait_synced()
+    first = files_of_topic(tmp_path)[0]
+    files.fail("fsync", times=failing)       # the syncs after the MOVE fail
+    broker.storage.tick()
+    clock.advance(1)
+    broker.storage.tick()                   # the deferred message is copied out (MOVE)
+    for _ in range(failing):
+        broker.storage.wait_synced()
+        assert first.exists()               # kept: the MOVE may not be on disk
+    assert broker.storage.failed
+    broker.storage.abandon()
+    files.power_loss(tmp_path)              # then the power goes
+    broker = start(tmp_path, clock, max_bytes_per_file=2048)
+    deferred = broker.channel("events", "work")._deferred.live()
+    assert [(m.id, m.body) for m in deferred] == [(old, b"old")]
+
+
+def test_a_file_whose_move_was_synced_is_deleted_at_the_next_good_sync(tmp_path, monkeypatch):
+    files = FaultyFiles()
+    monkeypatch.setattr(fileops, "current", files)
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=2048, mem_queue_size=5)
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    old = broker.publish("events", b"old")
+    ch.set_rdy(consumer, 1)
+    ch.requeue(consumer, old, delay=3000)
+    for i in range(300):
+        broker.publish("events", f"new-{i}".encode() * 5)
+        ch.set_rdy(consumer, 1000)
+        consumer.fin_all()
+    broker.storage.wait_synced()
+    first = files_of_topic(tmp_path)[0]
+    files.fail("fsync", times=1)
+    broker.storage.tick()
+    clock.advance(1)
+    broker.storage.tick()
+    broker.storage.wait_synced()             # fails: kept
+    assert first.exists()
+    broker.storage.wait_synced()             # succeeds: gone
+    assert not first.exists() and not broker.storage.failed
+    clean(broker)
+
+
+def files_of_topic(path, topic: str = "events") -> list:
+    return sorted((path / "topics" / f"t-{topic}").glob("*.log"))

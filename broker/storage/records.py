@@ -5,6 +5,11 @@ the CRC covers type and payload. A scan that meets a bad magic, a bad CRC or a
 record cut short logs it, and resynchronises on the next magic that starts a
 valid record, so everything valid before and after the damage is kept.
 
+Records that decide which channels own messages (``STATE``, ``CHANNEL``, ``TOPIC``,
+``FLUSH``, ``EMPTY``, ``CONFIG``) are written twice in a row: one damaged byte costs
+one copy, not the channels' messages. Messages carry their own checksums: a damaged
+one costs that message.
+
 Record types, and what recovery does with each (in log order):
 
 - ``STATE``: first record of every segment: the topic's paused state and its
@@ -62,6 +67,14 @@ MAX_IDS_PER_RECORD = 1 << 16
 def encode(kind: int, payload: bytes) -> bytes:
     crc = zlib.crc32(payload, zlib.crc32(bytes((kind,))))
     return HEADER.pack(MAGIC, kind, len(payload), crc) + payload
+
+
+def twice(kind: int, payload: bytes) -> bytes:
+    """A record that decides which channels own messages, written twice in a row: one
+    damaged byte costs one copy, and replaying the other does the same (each such
+    record is idempotent)."""
+    record = encode(kind, payload)
+    return record + record
 
 
 def _name(channel: str) -> bytes:
@@ -148,26 +161,26 @@ def defer(channel: str, msg_id: int, deliver_at: int, attempts: int) -> bytes:
 
 
 def empty(channel: str) -> bytes:
-    return encode(EMPTY, _name(channel))
+    return twice(EMPTY, _name(channel))
 
 
 def channel_op(op: int, channel: str) -> bytes:
-    return encode(CHANNEL, bytes((op,)) + _name(channel))
+    return twice(CHANNEL, bytes((op,)) + _name(channel))
 
 
 def topic_op(op: int) -> bytes:
-    return encode(TOPIC, bytes((op,)))
+    return twice(TOPIC, bytes((op,)))
 
 
 def state(paused: bool, channels: dict[str, bool]) -> bytes:
     parts = [bytes((int(paused),))]
     for name, channel_paused in channels.items():
         parts.append(bytes((int(channel_paused),)) + _name(name))
-    return encode(STATE, b"".join(parts))
+    return twice(STATE, b"".join(parts))
 
 
 def flush() -> bytes:
-    return encode(FLUSH, b"")
+    return twice(FLUSH, b"")
 
 
 def dedupe(payload: bytes) -> bytes:
@@ -177,6 +190,12 @@ def dedupe(payload: bytes) -> bytes:
 MOVE_HEAD = struct.Struct(">QqH")         # id, publish ns, number of copies
 MOVE_EXPIRES = 0x8000                     # in the count: an expiry follows the head
 COPY_AT = struct.Struct(">Iq")            # attempts, deliver-at wall ns (0: at once)
+
+
+# The most durable channels a topic may have: a MOVE counts a message's copies in 15 bits.
+MAX_CHANNELS = MOVE_EXPIRES - 1
+# The largest body a record holds: a MOVE of it to every channel fits in MAX_PAYLOAD.
+MAX_BODY = MAX_PAYLOAD - MOVE_HEAD.size - PUB_EXPIRES.size - MAX_CHANNELS * (1 + 64 + COPY_AT.size)
 
 
 def move(msg_id: int, timestamp: int, copies: list[tuple[str, int, int]], body: bytes,
@@ -191,7 +210,7 @@ def move(msg_id: int, timestamp: int, copies: list[tuple[str, int, int]], body: 
 
 
 def config(channel: str, settings: bytes) -> bytes:
-    return encode(CONFIG, _name(channel) + settings)
+    return twice(CONFIG, _name(channel) + settings)
 
 
 def _chunks(items: list) -> Iterator[list]:

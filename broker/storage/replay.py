@@ -35,11 +35,12 @@ class Replay:
         self._out_of_order: dict[int, int] = {}  # id -> slot, for the others
         self._locs = array("q")
         self._due = array("q")
-        self._masks = array("Q")
+        self._masks: array | list[int] = array("Q")
         self._held: list[int] = []               # slots that may have the HELD bit
         self._attempts: dict[tuple[int, int], int] = {}
         self._deferred: dict[tuple[int, int], int] = {}
-        self._free_bits = [1 << i for i in range(63, 0, -1)]
+        self._free_bits: list[int] = []          # bits of deleted channels, to reuse
+        self._next_bit = 1
 
     # -- channels -------------------------------------------------------------
     def _live(self) -> int:
@@ -50,10 +51,19 @@ class Replay:
 
     def _create(self, name: str, paused: bool = False) -> None:
         if name not in self.channels:
-            if not self._free_bits:
-                raise ValueError(f"topic {self.name}: more than 63 durable channels")
-            self.channels[name] = self._free_bits.pop()
+            self.channels[name] = self._new_bit()
         self.paused.setdefault(name, paused)
+
+    def _new_bit(self) -> int:
+        """A channel's bit: no limit on their number (past 63 channels the masks
+        become Python ints, which grow as needed: a list, not an array)."""
+        if self._free_bits:
+            return self._free_bits.pop()
+        bit = 1 << self._next_bit
+        self._next_bit += 1
+        if bit >> 64 and type(self._masks) is array:
+            self._masks = list(self._masks)
+        return bit
 
     def _delete(self, name: str) -> None:
         bit = self.channels.pop(name, None)
@@ -63,7 +73,7 @@ class Replay:
             self._free_bits.append(bit)
 
     def _clear(self, bit: int, slots=None) -> None:
-        masks, keep = self._masks, ~bit & 0xFFFFFFFFFFFFFFFF
+        masks, keep = self._masks, ~bit
         for slot in (range(len(masks)) if slots is None else slots):
             masks[slot] &= keep
         for overrides in (self._attempts, self._deferred):
@@ -108,7 +118,7 @@ class Replay:
             channel, ids = record.fins()
             bit = self.channels.get(channel)
             if bit is not None:
-                keep, find, masks = ~bit & 0xFFFFFFFFFFFFFFFF, self._find, self._masks
+                keep, find, masks = ~bit, self._find, self._masks
                 for msg_id in ids:
                     slot = find(msg_id)
                     if slot is not None:
@@ -129,18 +139,7 @@ class Replay:
                 self._attempts[(slot, bit)] = attempts
                 self._deferred[(slot, bit)] = deliver_at
         elif kind == records.FLUSH:
-            live, masks = self._live(), self._masks
-            bits = list(self.channels.values())
-            for slot in self._held:
-                if masks[slot] & HELD:
-                    masks[slot] = (masks[slot] & ~HELD) | live
-                    # A held copy's own time (from a MOVE) goes with it to each channel.
-                    for overrides in (self._attempts, self._deferred):
-                        value = overrides.pop((slot, HELD), None)
-                        if value is not None:
-                            for bit in bits:
-                                overrides[(slot, bit)] = value
-            self._held = []
+            self._flush()
         elif kind == records.EMPTY:
             channel = record.channel()
             if not channel:
@@ -152,6 +151,8 @@ class Replay:
             op, channel = record.channel_op()
             if op == records.CREATE:
                 self._create(channel)
+                if not self.topic_paused:
+                    self._flush()  # as the broker did (its FLUSH record says it again)
             elif op == records.DELETE:
                 self._delete(channel)
                 self.config.pop(channel, None)
@@ -159,6 +160,8 @@ class Replay:
                 self.paused[channel] = op == records.PAUSE
         elif kind == records.TOPIC:
             self.topic_paused = record.payload[0] == records.PAUSE
+            if not self.topic_paused and self.channels:
+                self._flush()  # as the broker did (its FLUSH record says it again)
         elif kind == records.STATE:
             self.topic_paused, named = record.state()
             for channel in [c for c in self.channels if c not in named]:
@@ -185,6 +188,23 @@ class Replay:
         elif kind == records.CONFIG:
             channel, data = record.config()
             self.config[channel] = data
+
+    def _flush(self) -> None:
+        """What the topic held goes to its durable channels."""
+        if not self._held:
+            return
+        live, masks = self._live(), self._masks
+        bits = list(self.channels.values())
+        for slot in self._held:
+            if masks[slot] & HELD:
+                masks[slot] = (masks[slot] & ~HELD) | live
+                # A held copy's own time (from a MOVE) goes with it to each channel.
+                for overrides in (self._attempts, self._deferred):
+                    value = overrides.pop((slot, HELD), None)
+                    if value is not None:
+                        for bit in bits:
+                            overrides[(slot, bit)] = value
+        self._held = []
 
     # -- results --------------------------------------------------------------
     def pending(self, channel: str | None) -> Iterator[tuple[int, int, int]]:
