@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from typing import AsyncIterator
 
 import grpc
@@ -24,14 +25,17 @@ from ..errors import (ERROR_CODE_METADATA, BrokerError, ChannelNotFound, Conflic
 from ..message import Message
 from ..security.auth import AuthError, Unauthorized
 from ..security.grpc_auth import remote_ip
-from ..stats import ClientIdentity
+from ..options import split_listen_address
+from ..stats import ClientIdentity, host_port
+from .limits import STREAM_REPLIES
 
 log = logging.getLogger("pynsqd")
 
 # A delivery frame carries at most this many messages / body bytes.
 MAX_FRAME_MESSAGES = 2500
 MAX_FRAME_BYTES = 1 << 20
-# A consumer stream stops taking messages while this much waits to be sent.
+# A consumer stream stops taking messages while this much waits to be sent (its
+# replies are bounded apart: limits.STREAM_REPLIES).
 STREAM_BUFFER_BYTES = 2 * MAX_FRAME_BYTES
 LEASE_HEARTBEAT_SECONDS = 5.0
 # A lease fetch frame (packed columns, no per-message framing) carries more:
@@ -226,8 +230,9 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def Subscribe(self, request_iterator, context
                         ) -> AsyncIterator["pb.ServerFrame | bytes"]:
         outbox: list[Message] = []
-        replies: list[pb.ServerFrame] = []
-        wake = asyncio.Event()
+        # Replies not yet sent; while STREAM_REPLIES wait, no request is read.
+        replies: deque[pb.ServerFrame] = deque()
+        wake, drained = asyncio.Event(), asyncio.Event()
         state: dict = {"fatal": None, "done": False, "bytes": 0, "consumer": None,
                        "stuck": None}
         loop = asyncio.get_running_loop()
@@ -278,15 +283,39 @@ class BrokerService(pb_grpc.BrokerServicer):
         state["consumer"] = consumer
         channel = consumer.channel
 
+        async def room_for_replies() -> None:
+            """Back-pressure: wait until the replies waiting fall under the bound; a
+            client that reads none of them for its message timeout is disconnected."""
+            if replies:
+                wake.set()
+            if len(replies) < STREAM_REPLIES:
+                return
+            stuck = loop.call_later(consumer.msg_timeout, stuck_out)
+            try:
+                while len(replies) >= STREAM_REPLIES:
+                    drained.clear()
+                    await drained.wait()
+            finally:
+                stuck.cancel()
+
         async def read_commands() -> None:
             try:
                 while True:
                     frame = await context.read()
                     if frame is grpc.aio.EOF:
                         break
-                    self._command(channel, consumer, frame, replies)
-                    if replies:
-                        wake.set()
+                    kind = frame.WhichOneof("command")
+                    if kind in ("fin", "touch"):
+                        # A frame may name many ids: each slice's errors are sent
+                        # before the next slice is run.
+                        ids = getattr(frame, kind).ids
+                        for start in range(0, len(ids), STREAM_REPLIES):
+                            self._ids(kind, channel, consumer,
+                                      ids[start:start + STREAM_REPLIES], replies)
+                            await room_for_replies()
+                    else:
+                        self._command(channel, consumer, frame, replies)
+                        await room_for_replies()
             except _Fatal as fatal:
                 state["fatal"] = fatal
             except asyncio.CancelledError:
@@ -304,10 +333,9 @@ class BrokerService(pb_grpc.BrokerServicer):
             while True:
                 await wake.wait()
                 wake.clear()
-                if replies:
-                    pending, replies[:] = list(replies), []
-                    for frame in pending:
-                        yield frame
+                while replies:
+                    yield replies.popleft()
+                    drained.set()
                 if outbox:
                     msgs, outbox[:] = list(outbox), []
                     state["bytes"] = 0
@@ -327,21 +355,28 @@ class BrokerService(pb_grpc.BrokerServicer):
             reader.cancel()
             consumer.detach()
 
+    def _ids(self, kind: str, channel, consumer: Consumer, ids: list[str],
+             replies: "deque[pb.ServerFrame]") -> None:
+        """FIN or TOUCH of ``ids``; a failure is an error frame in ``replies``."""
+        try:
+            if kind == "fin":
+                for err in channel.finish_many(consumer, ids):
+                    replies.append(self._error_frame(err, err.msg_id))
+            else:
+                for msg_id in ids:
+                    self._soft(channel.touch, consumer, msg_id, replies)
+        except BrokerError as err:
+            raise _Fatal(err) from None
+
     def _command(self, channel, consumer: Consumer, frame: pb.ClientFrame,
-                 replies: list[pb.ServerFrame]) -> None:
+                 replies: "deque[pb.ServerFrame]") -> None:
         kind = frame.WhichOneof("command")
         try:
             if kind == "rdy":
                 channel.set_rdy(consumer, frame.rdy.count)
-            elif kind == "fin":
-                for err in channel.finish_many(consumer, frame.fin.ids):
-                    replies.append(self._error_frame(err, err.msg_id))
             elif kind == "req":
                 self._soft(lambda c, i: channel.requeue(c, i, frame.req.delay_ms / 1000),
                            consumer, frame.req.id, replies)
-            elif kind == "touch":
-                for msg_id in frame.touch.ids:
-                    self._soft(channel.touch, consumer, msg_id, replies)
             elif kind == "cls":
                 consumer.closing = True
                 replies.append(pb.ServerFrame(close_wait=pb.CloseWait()))
@@ -356,7 +391,7 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     @classmethod
     def _soft(cls, action, consumer: Consumer, msg_id: str,
-              replies: list[pb.ServerFrame]) -> None:
+              replies: "deque[pb.ServerFrame]") -> None:
         """REQ/TOUCH: a failure is reported on the stream, which stays open."""
         try:
             action(consumer, msg_id)
@@ -544,7 +579,7 @@ async def start_grpc_server(broker: Broker, address: str,
     mutual TLS when client certificates are required, and NSQ's auth on every call.
     """
     from ..security.grpc_auth import interceptors
-    host, _, port = address.rpartition(":")
+    host, port = split_listen_address(address, "grpc-address")
     credentials = security.grpc_credentials() if security is not None else None
     server = grpc.aio.server(interceptors=interceptors(broker, security), options=[
         ("grpc.so_reuseport", 0),
@@ -553,13 +588,14 @@ async def start_grpc_server(broker: Broker, address: str,
         ("grpc.max_receive_message_length", broker.options.max_body_size),
     ])
     try:
-        bound_port = (server.add_secure_port(f"{host}:{port}", credentials) if credentials
-                      else server.add_insecure_port(f"{host}:{port}"))
+        listen = host_port(host, port)
+        bound_port = (server.add_secure_port(listen, credentials) if credentials
+                      else server.add_insecure_port(listen))
     except RuntimeError:
         bound_port = 0
     if bound_port == 0:
         raise OSError(f"cannot listen on {address} (gRPC): address in use or not available")
-    bound = f"{host}:{bound_port}"
+    bound = host_port(host, bound_port)
     service = BrokerService(broker, bound)
     pb_grpc.add_BrokerServicer_to_server(service, _Registrar(server))
     await server.start()
