@@ -20,8 +20,8 @@ from ..api import broker_pb2 as pb
 from ..api import broker_pb2_grpc as pb_grpc
 from ..consumer import Consumer
 from ..core import Broker
-from ..errors import (ERROR_CODE_METADATA, BrokerError, ChannelNotFound, Conflict, InvalidRequest,
-                      NotFound, NotInFlight, StorageFailed, Unavailable)
+from ..errors import (ERROR_CODE_METADATA, BrokerError, ChannelNotFound, Conflict, InvalidBody,
+                      InvalidRequest, NotFound, NotInFlight, StorageFailed, Unavailable)
 from ..message import Message
 from ..security.auth import AuthError, Unauthorized
 from ..security.grpc_auth import remote_ip
@@ -178,6 +178,98 @@ class _SubscribeEncoded(grpc.GenericRpcHandler):
         return handler
 
 
+class _Undecodable:
+    """A request whose bytes do not parse as its message."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def error(self) -> InvalidBody:
+        return InvalidBody(f"request could not be decoded: {self.reason}")
+
+
+def _lenient(deserialize):
+    def parse(data: bytes):
+        try:
+            return deserialize(data)
+        except Exception as err:     # protobuf's DecodeError and kin
+            return _Undecodable(str(err) or type(err).__name__)
+    return parse
+
+
+class _DecodedReads:
+    """A stream's call context whose ``read()`` raises ``InvalidBody`` for a frame
+    that does not parse."""
+
+    def __init__(self, context) -> None:
+        self._context = context
+
+    async def read(self):
+        frame = await self._context.read()
+        if type(frame) is _Undecodable:
+            raise frame.error()
+        return frame
+
+    def __getattr__(self, name: str):
+        return getattr(self._context, name)
+
+
+class BadRequestGuard(grpc.aio.ServerInterceptor):
+    """The outermost interceptor: a request that does not parse is refused with
+    INVALID_ARGUMENT and nsqd's ``E_BAD_BODY`` before anything else sees it (gRPC
+    itself answers UNKNOWN and logs a traceback)."""
+
+    def __init__(self) -> None:
+        self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        cached = self._guarded.get(details.method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]          # the same handler as before: no work per call
+        guarded = _guard(handler)
+        self._guarded[details.method] = (handler, guarded)
+        return guarded
+
+
+def _guard(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    parse = _lenient(handler.request_deserializer) if handler.request_deserializer \
+        else None
+    serialize = handler.response_serializer
+    if handler.request_streaming and handler.response_streaming:
+        behaviour = handler.stream_stream
+
+        async def stream_stream(request_iterator, context):
+            async for reply in behaviour(request_iterator, _DecodedReads(context)):
+                yield reply
+        return grpc.stream_stream_rpc_method_handler(
+            stream_stream, request_deserializer=parse, response_serializer=serialize)
+    if handler.response_streaming:
+        behaviour = handler.unary_stream
+
+        async def unary_stream(request, context):
+            if type(request) is _Undecodable:
+                await abort(context, request.error())
+            async for reply in behaviour(request, context):
+                yield reply
+        return grpc.unary_stream_rpc_method_handler(
+            unary_stream, request_deserializer=parse, response_serializer=serialize)
+    if handler.request_streaming:
+        return handler                # no such call in the API
+    behaviour = handler.unary_unary
+
+    async def unary_unary(request, context):
+        if type(request) is _Undecodable:
+            await abort(context, request.error())
+        return await behaviour(request, context)
+    return grpc.unary_unary_rpc_method_handler(
+        unary_unary, request_deserializer=parse, response_serializer=serialize)
+
+
 class _Fatal(Exception):
     """Ends a consumer stream with ``error``."""
 
@@ -260,7 +352,10 @@ class BrokerService(pb_grpc.BrokerServicer):
                     state["stuck"] = loop.call_later(consumer.msg_timeout, stuck_out)
             wake.set()
 
-        first = await context.read()
+        try:
+            first = await context.read()
+        except BrokerError as err:      # a frame that does not parse
+            await abort(context, err)
         if first is grpc.aio.EOF:
             return
         if first.WhichOneof("command") != "sub":
@@ -318,6 +413,8 @@ class BrokerService(pb_grpc.BrokerServicer):
                         await room_for_replies()
             except _Fatal as fatal:
                 state["fatal"] = fatal
+            except BrokerError as err:   # a frame that does not parse
+                state["fatal"] = _Fatal(err)
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # a broken client stream
@@ -581,12 +678,13 @@ async def start_grpc_server(broker: Broker, address: str,
     from ..security.grpc_auth import interceptors
     host, port = split_listen_address(address, "grpc-address")
     credentials = security.grpc_credentials() if security is not None else None
-    server = grpc.aio.server(interceptors=interceptors(broker, security), options=[
-        ("grpc.so_reuseport", 0),
-        # nsqd's --max-body-size bounds every request; a larger one is refused
-        # (RESOURCE_EXHAUSTED) before it is buffered whole.
-        ("grpc.max_receive_message_length", broker.options.max_body_size),
-    ])
+    server = grpc.aio.server(
+        interceptors=[BadRequestGuard(), *interceptors(broker, security)], options=[
+            ("grpc.so_reuseport", 0),
+            # nsqd's --max-body-size bounds every request; a larger one is refused
+            # (RESOURCE_EXHAUSTED) before it is buffered whole.
+            ("grpc.max_receive_message_length", broker.options.max_body_size),
+        ])
     try:
         listen = host_port(host, port)
         bound_port = (server.add_secure_port(listen, credentials) if credentials

@@ -12,14 +12,16 @@ are not browsers (curl, NSQ's libraries) send neither header and are served.
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 import time
 from contextlib import contextmanager
-from typing import Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 from urllib.parse import urlsplit
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from .. import __version__
 from ..core import Broker
@@ -146,6 +148,25 @@ def _topic_and_channel(request: web.Request) -> tuple[str, str]:
     if not is_valid_name(channel):
         raise HttpError(400, "INVALID_ARG_CHANNEL")
     return topic, channel
+
+
+class _ServerLog:
+    """aiohttp's server logger, a client's malformed request said in one line
+    (aiohttp logs each with its traceback); the broker's own faults keep theirs."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._log = logger
+
+    def exception(self, msg: str, *args: Any, exc_info: Any = None, **kw: Any) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            reason = str(exc_info.message).strip().splitlines()[0] if exc_info.message else ""
+            self._log.info("HTTP client %s: bad request (%d): %s",
+                           args[0] if args else "?", exc_info.code, reason[:200])
+        else:
+            self._log.error(msg, *args, exc_info=exc_info or True, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._log, name)
 
 
 class HttpApi:
@@ -325,7 +346,8 @@ class HttpApi:
         # answer, and is not reset by parts of a request: it bounds headers sent slowly
         # (or half) as well as idle connections.
         self.runner = web.AppRunner(self.app, access_log=None, lingering_time=1.0,
-                                    keepalive_timeout=self.idle_timeout)
+                                    keepalive_timeout=self.idle_timeout,
+                                    logger=_ServerLog(logging.getLogger("aiohttp.server")))
         await self.runner.setup()
         site = web.TCPSite(self.runner, host or None, port, reuse_address=True,
                            ssl_context=self.security.tls_context if self.tls else None)
