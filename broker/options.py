@@ -198,11 +198,26 @@ class Options:
 
 
 def split_host_port(address: str, name: str = "address") -> tuple[str, int]:
-    """``"host:port"`` -> (host, port); an error naming ``name`` otherwise."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    """``"host:port"`` or ``"[ipv6]:port"`` -> (host, port) with the brackets taken
+    off; an error naming ``name`` otherwise."""
+    host, port = split_listen_address(address, name)
+    if not host or port == 0:
         raise ValueError(f"{name}: expected host:port, got {address!r}")
-    return host.strip("[]"), int(port)
+    return host, port
+
+
+def split_listen_address(address: str, name: str = "address") -> tuple[str, int]:
+    """A listen address: ``host:port``, ``[ipv6]:port`` or ``:port`` (every
+    interface; host ""), port 0 picking a free one -> (host without brackets, port)."""
+    host, sep, port = address.rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    if bracketed:
+        host = host[1:-1]
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536 \
+            or ("[" in host or "]" in host) or (":" in host and not bracketed):
+        raise ValueError(f"{name}: expected host:port (an IPv6 host in brackets, "
+                         f"[::1]:4150), got {address!r}")
+    return host, int(port)
 
 
 def _addresses(value: Any, name: str) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from typing import AsyncIterator
 
 import grpc
@@ -19,19 +20,22 @@ from ..api import broker_pb2 as pb
 from ..api import broker_pb2_grpc as pb_grpc
 from ..consumer import Consumer
 from ..core import Broker
-from ..errors import (ERROR_CODE_METADATA, BrokerError, ChannelNotFound, Conflict, InvalidRequest,
-                      NotFound, NotInFlight, StorageFailed, Unavailable)
+from ..errors import (ERROR_CODE_METADATA, BrokerError, ChannelNotFound, Conflict, InvalidBody,
+                      InvalidRequest, NotFound, NotInFlight, StorageFailed, Unavailable)
 from ..message import Message
 from ..security.auth import AuthError, Unauthorized
 from ..security.grpc_auth import remote_ip
-from ..stats import ClientIdentity
+from ..options import split_listen_address
+from ..stats import ClientIdentity, host_port
+from .limits import STREAM_REPLIES
 
 log = logging.getLogger("pynsqd")
 
 # A delivery frame carries at most this many messages / body bytes.
 MAX_FRAME_MESSAGES = 2500
 MAX_FRAME_BYTES = 1 << 20
-# A consumer stream stops taking messages while this much waits to be sent.
+# A consumer stream stops taking messages while this much waits to be sent (its
+# replies are bounded apart: limits.STREAM_REPLIES).
 STREAM_BUFFER_BYTES = 2 * MAX_FRAME_BYTES
 LEASE_HEARTBEAT_SECONDS = 5.0
 # A lease fetch frame (packed columns, no per-message framing) carries more:
@@ -174,6 +178,98 @@ class _SubscribeEncoded(grpc.GenericRpcHandler):
         return handler
 
 
+class _Undecodable:
+    """A request whose bytes do not parse as its message."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def error(self) -> InvalidBody:
+        return InvalidBody(f"request could not be decoded: {self.reason}")
+
+
+def _lenient(deserialize):
+    def parse(data: bytes):
+        try:
+            return deserialize(data)
+        except Exception as err:     # protobuf's DecodeError and kin
+            return _Undecodable(str(err) or type(err).__name__)
+    return parse
+
+
+class _DecodedReads:
+    """A stream's call context whose ``read()`` raises ``InvalidBody`` for a frame
+    that does not parse."""
+
+    def __init__(self, context) -> None:
+        self._context = context
+
+    async def read(self):
+        frame = await self._context.read()
+        if type(frame) is _Undecodable:
+            raise frame.error()
+        return frame
+
+    def __getattr__(self, name: str):
+        return getattr(self._context, name)
+
+
+class BadRequestGuard(grpc.aio.ServerInterceptor):
+    """The outermost interceptor: a request that does not parse is refused with
+    INVALID_ARGUMENT and nsqd's ``E_BAD_BODY`` before anything else sees it (gRPC
+    itself answers UNKNOWN and logs a traceback)."""
+
+    def __init__(self) -> None:
+        self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        cached = self._guarded.get(details.method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]          # the same handler as before: no work per call
+        guarded = _guard(handler)
+        self._guarded[details.method] = (handler, guarded)
+        return guarded
+
+
+def _guard(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    parse = _lenient(handler.request_deserializer) if handler.request_deserializer \
+        else None
+    serialize = handler.response_serializer
+    if handler.request_streaming and handler.response_streaming:
+        behaviour = handler.stream_stream
+
+        async def stream_stream(request_iterator, context):
+            async for reply in behaviour(request_iterator, _DecodedReads(context)):
+                yield reply
+        return grpc.stream_stream_rpc_method_handler(
+            stream_stream, request_deserializer=parse, response_serializer=serialize)
+    if handler.response_streaming:
+        behaviour = handler.unary_stream
+
+        async def unary_stream(request, context):
+            if type(request) is _Undecodable:
+                await abort(context, request.error())
+            async for reply in behaviour(request, context):
+                yield reply
+        return grpc.unary_stream_rpc_method_handler(
+            unary_stream, request_deserializer=parse, response_serializer=serialize)
+    if handler.request_streaming:
+        return handler                # no such call in the API
+    behaviour = handler.unary_unary
+
+    async def unary_unary(request, context):
+        if type(request) is _Undecodable:
+            await abort(context, request.error())
+        return await behaviour(request, context)
+    return grpc.unary_unary_rpc_method_handler(
+        unary_unary, request_deserializer=parse, response_serializer=serialize)
+
+
 class _Fatal(Exception):
     """Ends a consumer stream with ``error``."""
 
@@ -226,8 +322,9 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def Subscribe(self, request_iterator, context
                         ) -> AsyncIterator["pb.ServerFrame | bytes"]:
         outbox: list[Message] = []
-        replies: list[pb.ServerFrame] = []
-        wake = asyncio.Event()
+        # Replies not yet sent; while STREAM_REPLIES wait, no request is read.
+        replies: deque[pb.ServerFrame] = deque()
+        wake, drained = asyncio.Event(), asyncio.Event()
         state: dict = {"fatal": None, "done": False, "bytes": 0, "consumer": None,
                        "stuck": None}
         loop = asyncio.get_running_loop()
@@ -255,7 +352,10 @@ class BrokerService(pb_grpc.BrokerServicer):
                     state["stuck"] = loop.call_later(consumer.msg_timeout, stuck_out)
             wake.set()
 
-        first = await context.read()
+        try:
+            first = await context.read()
+        except BrokerError as err:      # a frame that does not parse
+            await abort(context, err)
         if first is grpc.aio.EOF:
             return
         if first.WhichOneof("command") != "sub":
@@ -278,17 +378,43 @@ class BrokerService(pb_grpc.BrokerServicer):
         state["consumer"] = consumer
         channel = consumer.channel
 
+        async def room_for_replies() -> None:
+            """Back-pressure: wait until the replies waiting fall under the bound; a
+            client that reads none of them for its message timeout is disconnected."""
+            if replies:
+                wake.set()
+            if len(replies) < STREAM_REPLIES:
+                return
+            stuck = loop.call_later(consumer.msg_timeout, stuck_out)
+            try:
+                while len(replies) >= STREAM_REPLIES:
+                    drained.clear()
+                    await drained.wait()
+            finally:
+                stuck.cancel()
+
         async def read_commands() -> None:
             try:
                 while True:
                     frame = await context.read()
                     if frame is grpc.aio.EOF:
                         break
-                    self._command(channel, consumer, frame, replies)
-                    if replies:
-                        wake.set()
+                    kind = frame.WhichOneof("command")
+                    if kind in ("fin", "touch"):
+                        # A frame may name many ids: each slice's errors are sent
+                        # before the next slice is run.
+                        ids = getattr(frame, kind).ids
+                        for start in range(0, len(ids), STREAM_REPLIES):
+                            self._ids(kind, channel, consumer,
+                                      ids[start:start + STREAM_REPLIES], replies)
+                            await room_for_replies()
+                    else:
+                        self._command(channel, consumer, frame, replies)
+                        await room_for_replies()
             except _Fatal as fatal:
                 state["fatal"] = fatal
+            except BrokerError as err:   # a frame that does not parse
+                state["fatal"] = _Fatal(err)
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # a broken client stream
@@ -304,10 +430,9 @@ class BrokerService(pb_grpc.BrokerServicer):
             while True:
                 await wake.wait()
                 wake.clear()
-                if replies:
-                    pending, replies[:] = list(replies), []
-                    for frame in pending:
-                        yield frame
+                while replies:
+                    yield replies.popleft()
+                    drained.set()
                 if outbox:
                     msgs, outbox[:] = list(outbox), []
                     state["bytes"] = 0
@@ -327,21 +452,28 @@ class BrokerService(pb_grpc.BrokerServicer):
             reader.cancel()
             consumer.detach()
 
+    def _ids(self, kind: str, channel, consumer: Consumer, ids: list[str],
+             replies: "deque[pb.ServerFrame]") -> None:
+        """FIN or TOUCH of ``ids``; a failure is an error frame in ``replies``."""
+        try:
+            if kind == "fin":
+                for err in channel.finish_many(consumer, ids):
+                    replies.append(self._error_frame(err, err.msg_id))
+            else:
+                for msg_id in ids:
+                    self._soft(channel.touch, consumer, msg_id, replies)
+        except BrokerError as err:
+            raise _Fatal(err) from None
+
     def _command(self, channel, consumer: Consumer, frame: pb.ClientFrame,
-                 replies: list[pb.ServerFrame]) -> None:
+                 replies: "deque[pb.ServerFrame]") -> None:
         kind = frame.WhichOneof("command")
         try:
             if kind == "rdy":
                 channel.set_rdy(consumer, frame.rdy.count)
-            elif kind == "fin":
-                for err in channel.finish_many(consumer, frame.fin.ids):
-                    replies.append(self._error_frame(err, err.msg_id))
             elif kind == "req":
                 self._soft(lambda c, i: channel.requeue(c, i, frame.req.delay_ms / 1000),
                            consumer, frame.req.id, replies)
-            elif kind == "touch":
-                for msg_id in frame.touch.ids:
-                    self._soft(channel.touch, consumer, msg_id, replies)
             elif kind == "cls":
                 consumer.closing = True
                 replies.append(pb.ServerFrame(close_wait=pb.CloseWait()))
@@ -356,7 +488,7 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     @classmethod
     def _soft(cls, action, consumer: Consumer, msg_id: str,
-              replies: list[pb.ServerFrame]) -> None:
+              replies: "deque[pb.ServerFrame]") -> None:
         """REQ/TOUCH: a failure is reported on the stream, which stays open."""
         try:
             action(consumer, msg_id)
@@ -544,22 +676,24 @@ async def start_grpc_server(broker: Broker, address: str,
     mutual TLS when client certificates are required, and NSQ's auth on every call.
     """
     from ..security.grpc_auth import interceptors
-    host, _, port = address.rpartition(":")
+    host, port = split_listen_address(address, "grpc-address")
     credentials = security.grpc_credentials() if security is not None else None
-    server = grpc.aio.server(interceptors=interceptors(broker, security), options=[
-        ("grpc.so_reuseport", 0),
-        # nsqd's --max-body-size bounds every request; a larger one is refused
-        # (RESOURCE_EXHAUSTED) before it is buffered whole.
-        ("grpc.max_receive_message_length", broker.options.max_body_size),
-    ])
+    server = grpc.aio.server(
+        interceptors=[BadRequestGuard(), *interceptors(broker, security)], options=[
+            ("grpc.so_reuseport", 0),
+            # nsqd's --max-body-size bounds every request; a larger one is refused
+            # (RESOURCE_EXHAUSTED) before it is buffered whole.
+            ("grpc.max_receive_message_length", broker.options.max_body_size),
+        ])
     try:
-        bound_port = (server.add_secure_port(f"{host}:{port}", credentials) if credentials
-                      else server.add_insecure_port(f"{host}:{port}"))
+        listen = host_port(host, port)
+        bound_port = (server.add_secure_port(listen, credentials) if credentials
+                      else server.add_insecure_port(listen))
     except RuntimeError:
         bound_port = 0
     if bound_port == 0:
         raise OSError(f"cannot listen on {address} (gRPC): address in use or not available")
-    bound = f"{host}:{bound_port}"
+    bound = host_port(host, bound_port)
     service = BrokerService(broker, bound)
     pb_grpc.add_BrokerServicer_to_server(service, _Registrar(server))
     await server.start()

@@ -12,14 +12,16 @@ are not browsers (curl, NSQ's libraries) send neither header and are served.
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 import time
 from contextlib import contextmanager
-from typing import Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 from urllib.parse import urlsplit
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from .. import __version__
 from ..core import Broker
@@ -27,8 +29,10 @@ from ..errors import (AdminFailed, BodyTooBig, BrokerError, ChannelNotFound, Inv
                       InvalidChannel, InvalidMessage, InvalidRequest, InvalidTopic,
                       MessageTooBig, NotFound, StorageFailed, TopicNotFound, Unavailable)
 from ..names import is_valid_name
-from ..options import parse_duration_ms
+from ..options import parse_duration_ms, split_listen_address
+from ..stats import host_port
 from ..security.auth import AuthError, AuthFirst, Unauthorized
+from .limits import HTTP_IDLE_TIMEOUT
 from .wire import parse_mpub
 
 _SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -147,7 +151,30 @@ def _topic_and_channel(request: web.Request) -> tuple[str, str]:
     return topic, channel
 
 
+class _ServerLog:
+    """aiohttp's server logger, a client's malformed request said in one line
+    (aiohttp logs each with its traceback); the broker's own faults keep theirs."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._log = logger
+
+    def exception(self, msg: str, *args: Any, exc_info: Any = None, **kw: Any) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            reason = str(exc_info.message).strip().splitlines()[0] if exc_info.message else ""
+            self._log.info("HTTP client %s: bad request (%d): %s",
+                           args[0] if args else "?", exc_info.code, reason[:200])
+        else:
+            self._log.error(msg, *args, exc_info=exc_info or True, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._log, name)
+
+
 class HttpApi:
+    #: Seconds to send a request's headers, from connecting or the last answer
+    #: (``limits.HTTP_IDLE_TIMEOUT``).
+    idle_timeout = HTTP_IDLE_TIMEOUT
+
     def __init__(self, broker: Broker, addresses: dict[str, str], security=None,
                  tls: bool = False) -> None:
         self.broker = broker
@@ -313,11 +340,17 @@ class HttpApi:
 
     # -- serving ----------------------------------------------------------
     async def start(self, address: str) -> str:
-        host, _, port = address.rpartition(":")
+        host, port = split_listen_address(address, "https-address" if self.tls
+                                          else "http-address")
         # After an early answer (413), read what the client still sends for 1 s at most.
-        self.runner = web.AppRunner(self.app, access_log=None, lingering_time=1.0)
+        # aiohttp's keep-alive timer runs from the connection's start and from each
+        # answer, and is not reset by parts of a request: it bounds headers sent slowly
+        # (or half) as well as idle connections.
+        self.runner = web.AppRunner(self.app, access_log=None, lingering_time=1.0,
+                                    keepalive_timeout=self.idle_timeout,
+                                    logger=_ServerLog(logging.getLogger("aiohttp.server")))
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host, int(port), reuse_address=True,
+        site = web.TCPSite(self.runner, host or None, port, reuse_address=True,
                            ssl_context=self.security.tls_context if self.tls else None)
         try:
             await site.start()
@@ -325,7 +358,7 @@ class HttpApi:
             await self.runner.cleanup()
             raise OSError(f"cannot listen on {address} (HTTP): {err.strerror}") from None
         bound = site._server.sockets[0].getsockname()  # type: ignore[union-attr]
-        return f"{host}:{bound[1]}"
+        return host_port(host, bound[1])
 
     async def close(self) -> None:
         if self.runner is not None:

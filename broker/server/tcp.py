@@ -27,6 +27,16 @@ the channel.
 FIN lines that follow one another in what the socket delivered are read at once
 and finished as one batch (``Channel.finish_many``): the channel refills the
 consumer once for them, not once per FIN.
+
+A connection is always in one ``State`` (as nsqd's ``stateInit``,
+``stateSubscribed``, ``stateClosing``), which names the commands it accepts and
+whether the client's input is read. Each transition says what happens to input
+already read: the TLS upgrade discards it (it came in plain text, before the
+handshake), AUTH keeps it and runs it after the auth server's answer, a close
+drops it. While the broker waits (TLS handshake, auth server) it reads nothing,
+and a reply queued while the socket does not take the connection's output stops
+the reading until it drains, so a client cannot make the broker hold more than
+the bounds of ``limits.py``.
 """
 
 from __future__ import annotations
@@ -45,9 +55,11 @@ from ..errors import (AuthDisabled, BodyTooBig, BrokerError, Invalid, InvalidBod
                       InvalidRequest)
 from ..message import Message
 from ..names import check_topic_name
+from ..options import split_listen_address
 from . import wire
 from ..security.guard import Security
 from ..stats import ClientIdentity, host_port
+from .limits import MAX_UNSENT_BYTES
 from .wire import (FRAME_RESPONSE, MAGIC_V2, Incomplete, LineTooLong, base10, error_frame,
                    frame, message_id)
 
@@ -79,12 +91,49 @@ def _json_int(data: dict, key: str) -> int:
     return value
 
 
-class _Wait(Exception):
-    """A command needs the loop (TLS handshake, asking the auth server): reading stops
-    until ``work`` is done, then resumes at ``resume`` (None: run the command again)."""
+class State:
+    """A state of a V2 connection: the commands it runs and whether input is read."""
 
-    def __init__(self, work, resume: int | None = None) -> None:
+    __slots__ = ("name", "commands", "reads", "runs", "fins")
+
+    def __init__(self, name: str, commands: tuple[bytes, ...], *, reads: bool = True) -> None:
+        self.name = name
+        self.commands = frozenset(commands)
+        self.reads = reads                   # the socket is read in this state
+        self.runs = bool(commands)           # commands read are run in this state
+        self.fins = b"FIN" in self.commands  # FIN lines take the batched path
+
+    def __repr__(self) -> str:
+        return f"<State {self.name}>"
+
+
+_PUBLISH = (b"PUB", b"MPUB", b"DPUB", b"NOP")
+#: Before the magic "  V2": only the magic.
+MAGIC = State("magic", ())
+#: nsqd's stateInit: identify, authenticate, publish, subscribe.
+INIT = State("init", (b"IDENTIFY", b"AUTH", b"SUB") + _PUBLISH)
+#: IDENTIFY asked for TLS: nothing is read until the handshake is done, and what was
+#: read with the IDENTIFY (plain text) is discarded; then INIT again.
+UPGRADING = State("upgrading TLS", (), reads=False)
+#: Waiting on the auth server (AUTH, or a PUB/SUB whose authorisation expired):
+#: nothing is read; what was read is run after the answer, in the state before.
+AUTHENTICATING = State("authenticating", (), reads=False)
+#: nsqd's stateSubscribed.
+SUBSCRIBED = State("subscribed", (b"RDY", b"FIN", b"REQ", b"TOUCH", b"CLS") + _PUBLISH)
+#: nsqd's stateClosing, after CLS: RDY is ignored, held messages are still answered.
+CLOSING = State("closing", (b"RDY", b"FIN", b"REQ", b"TOUCH") + _PUBLISH)
+#: Hung up (a fatal error, EOF, eviction): what the client still sends is dropped.
+CLOSED = State("closed", ())
+
+
+class _Wait(Exception):
+    """A command needs the loop (TLS handshake, asking the auth server): the
+    connection enters ``state`` (which reads nothing) until ``work`` is done, then
+    resumes at ``resume`` (None: run the command again)."""
+
+    def __init__(self, work, state: State, resume: int | None = None) -> None:
         self.work = work
+        self.state = state
         self.resume = resume
 
 
@@ -94,12 +143,15 @@ class V2Connection(asyncio.Protocol):
         self.server = server
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
-        self.magic_seen = False
+        self.state = MAGIC
         self.out: list[bytes] = []
         self.out_bytes = 0
         self.flush_scheduled = False
         self.write_paused = False
-        self.closing = False
+        # A reply is waiting while the socket does not take the output: input is not
+        # read (nor run) until it drains.
+        self.output_held = False
+        self.reading = True                  # the transport is reading (not paused)
         self.consumer: Consumer | None = None
         self.client_id = ""
         # What IDENTIFY said of the client (client_id, hostname, user_agent), for /stats.
@@ -117,6 +169,27 @@ class V2Connection(asyncio.Protocol):
         self.tls = False
         self.auth = None
         self._waiting: asyncio.Future | None = None
+        self._state_after_wait = INIT
+
+    @property
+    def closing(self) -> bool:
+        return self.state is CLOSED
+
+    def _enter(self, state: State) -> None:
+        self.state = state
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        """Read the socket when the state reads and no reply waits on a full socket."""
+        want = self.state.reads and not self.output_held
+        transport = self.transport
+        if want is self.reading or transport is None or transport.is_closing():
+            return
+        self.reading = want
+        if want:
+            transport.resume_reading()
+        else:
+            transport.pause_reading()
 
     # -- asyncio ----------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -133,7 +206,7 @@ class V2Connection(asyncio.Protocol):
         self._schedule_heartbeat()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closing = True
+        self.state = CLOSED
         self.server.connections.discard(self)
         for timer in (self._heartbeat, self._stuck, self._linger):
             if timer is not None:
@@ -148,14 +221,14 @@ class V2Connection(asyncio.Protocol):
         self.consumer = None
 
     def data_received(self, data: bytes) -> None:
-        if self.closing:
-            return   # hung up on an error: what the client still sends is dropped
+        if self.state is CLOSED:
+            return   # hung up: what the client still sends is dropped
         self.last_read = time.monotonic()
         self.buf += data
         self._process(final=False)
 
     def eof_received(self) -> bool:
-        if self.closing:
+        if self.state is CLOSED:
             return False
         self._process(final=True)
         self._close()
@@ -175,14 +248,45 @@ class V2Connection(asyncio.Protocol):
             self._stuck = None
         if self.consumer is not None and self.out_bytes < self.output_buffer_size:
             self.consumer.unblock()
+        if self.output_held:
+            self.output_held = False
+            self._update_reading()
+            self.loop.call_soon(self._process, False)   # what was read and not yet run
 
     # -- output -----------------------------------------------------------
     def send(self, data: bytes) -> None:
+        """Queue a reply. One queued while the socket does not take the output stops
+        the reading (as nsqd's blocked writer does): see ``_hold_output``."""
         self.out.append(data)
         self.out_bytes += len(data)
+        if self.write_paused:
+            self._hold_output()
+        elif self.out_bytes >= self.output_buffer_size:
+            self._write_out()
+        elif not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _hold_output(self) -> None:
+        """Stop reading until the socket drains; a client whose unsent output passes
+        the budget anyway is disconnected."""
         if not self.flush_scheduled:
             self.flush_scheduled = True
             self.loop.call_soon(self._flush)
+        if not self.output_held:
+            self.output_held = True
+            self._update_reading()
+        transport = self.transport
+        unsent = self.out_bytes + (transport.get_write_buffer_size() if transport else 0)
+        if unsent > MAX_UNSENT_BYTES + self.broker.options.max_msg_size \
+                and self.state is not CLOSED:
+            log.warning("TCP client %s: %d bytes unsent, over the connection's budget; "
+                        "disconnecting", self.client_id, unsent)
+            self.state = CLOSED
+            self.out.clear()
+            self.out_bytes = 0
+            if transport is not None:
+                transport.abort()
 
     def _flush(self) -> None:
         self.flush_scheduled = False
@@ -227,7 +331,7 @@ class V2Connection(asyncio.Protocol):
         self._stuck = None
         log.warning("TCP client %s: has not read its output for %.1fs; disconnecting",
                     self.client_id, self._stuck_after())
-        self.closing = True
+        self.state = CLOSED
         if self.transport is not None:
             self.transport.abort()
 
@@ -239,7 +343,8 @@ class V2Connection(asyncio.Protocol):
 
     def _close(self) -> None:
         self._flush()
-        self.closing = True
+        self.state = CLOSED
+        self.buf.clear()
         if self.transport is not None:
             self.transport.close()
 
@@ -256,7 +361,8 @@ class V2Connection(asyncio.Protocol):
             self._close()
             return
         self._flush()
-        self.closing = True
+        self.state = CLOSED
+        self.buf.clear()
         self._detach()
         if self._heartbeat is not None:
             self._heartbeat.cancel()
@@ -277,7 +383,9 @@ class V2Connection(asyncio.Protocol):
             self._heartbeat = self.loop.call_later(self.heartbeat_ms / 1000, self._beat)
 
     def _beat(self) -> None:
-        if time.monotonic() - self.last_read > 2 * self.heartbeat_ms / 1000:
+        # A client held for its unread output is the stuck timer's (pause_writing).
+        if not self.output_held and \
+                time.monotonic() - self.last_read > 2 * self.heartbeat_ms / 1000:
             log.info("TCP client %s: no heartbeat reply; closing", self.client_id)
             self._close()
             return
@@ -288,10 +396,8 @@ class V2Connection(asyncio.Protocol):
     def _process(self, final: bool) -> None:
         """Run every whole command in the buffer. ``final``: the client closed its
         side, so a command cut short gets nsqd's error for what is missing."""
-        if self._waiting is not None:
-            return  # the rest is read when the command waiting on the loop is done
         buf = self.buf
-        if not self.magic_seen:
+        if self.state is MAGIC:
             if len(buf) < 4:
                 return
             if bytes(buf[:4]) != MAGIC_V2:
@@ -299,11 +405,13 @@ class V2Connection(asyncio.Protocol):
                 self._hang_up()
                 return
             del buf[:4]
-            self.magic_seen = True
+            self._enter(INIT)
         pos = 0
         try:
-            while not self.closing and pos < len(buf):   # most reads end on a command
-                if self._fins_allowed():
+            # Most reads end on a command; a state that runs nothing (waiting, closed)
+            # or a reply that cannot be sent stops the loop, the rest kept for later.
+            while pos < len(buf) and self.state.runs and not self.output_held:
+                if self.state.fins:
                     ids, end = wire.read_fins(buf, pos)
                     if ids:
                         pos = end
@@ -317,8 +425,21 @@ class V2Connection(asyncio.Protocol):
                     pos = line_end   # only FIN/REQ/TOUCH failures go on; they have no body
                 except _Wait as wait:
                     pos = pos if wait.resume is None else wait.resume
+                    if wait.state is UPGRADING:
+                        pos = len(buf)   # read in plain text before the handshake: dropped
+                    self._state_after_wait = self.state
+                    self._enter(wait.state)
                     self._waiting = asyncio.ensure_future(self._wait_then_go_on(wait.work))
                     break
+                except (Incomplete, LineTooLong):
+                    raise                  # the command is not all here: see below
+                except Exception as err:   # a fault of the broker's, not the client's
+                    log.error("TCP client %s: %s failed: %r; closing", self.client_id,
+                              params[0].decode(errors="replace")[:32], err)
+                    log.debug("the failure", exc_info=True)
+                    self.send(frame(wire.FRAME_ERROR, b"E_INVALID internal error"))
+                    self._hang_up()
+                    return
         except Incomplete as short:
             if final and short.error is not None:
                 self._error(short.error)
@@ -347,27 +468,31 @@ class V2Connection(asyncio.Protocol):
             self._hang_up()
             return
         self._waiting = None
-        if not self.closing:
+        if self.state is not CLOSED:
+            self._enter(self._state_after_wait)
             self._process(final=False)
 
     def _command(self, params: list[bytes], pos: int) -> int:
         """Run one command; return where the next one starts."""
-        self._tls_policy(params[0])
-        handler = _COMMANDS.get(params[0])
+        name = params[0]
+        self._tls_policy(name)
+        handler = _COMMANDS.get(name)
         if handler is None:
-            raise InvalidRequest(f"invalid command {params[0].decode(errors='replace')}")
+            raise InvalidRequest(f"invalid command {name.decode(errors='replace')}")
+        if name not in self.state.commands:
+            raise InvalidRequest(f"cannot {name.decode()} in current state")
         return handler(self, params, pos)
 
     # -- commands ---------------------------------------------------------
     def _identify(self, params: list[bytes], pos: int) -> int:
-        if self.consumer is not None:
-            raise InvalidRequest("cannot IDENTIFY in current state")
         opts = self.broker.options
         body, pos = wire.read_body(self.buf, pos, "IDENTIFY", max_size=opts.max_body_size)
         try:
             data = json.loads(body)
         except ValueError as err:
             raise InvalidBody(f"IDENTIFY failed to decode JSON body: {err}") from None
+        except RecursionError:
+            raise InvalidBody("IDENTIFY failed to decode JSON body: nested too deeply") from None
         if data is None:
             data = {}
         if not isinstance(data, dict):
@@ -416,12 +541,10 @@ class V2Connection(asyncio.Protocol):
             "output_buffer_timeout": buffer_timeout or 250,
         }).encode()))
         if tls_v1:   # the next command comes after the handshake
-            raise _Wait(self._upgrade_tls(), resume=pos)
+            raise _Wait(self._upgrade_tls(), UPGRADING, resume=pos)
         return pos
 
     def _sub(self, params: list[bytes], pos: int) -> int:
-        if self.consumer is not None:
-            raise InvalidRequest("cannot SUB in current state")
         if self.heartbeat_ms <= 0:
             raise InvalidRequest("cannot SUB with heartbeats disabled")
         if len(params) < 3:
@@ -441,12 +564,13 @@ class V2Connection(asyncio.Protocol):
             raise
         if self.write_paused:        # its socket is already full (it RDYs before reading)
             self.consumer.block()
+        self.state = SUBSCRIBED
         self.send(OK)
         return pos
 
     def _rdy(self, params: list[bytes], pos: int) -> int:
         consumer = self.consumer
-        if consumer is not None and consumer.closing:
+        if self.state is CLOSING:
             return pos                       # nsqd ignores RDY after CLS
         if consumer is None or consumer.channel is None:
             raise InvalidRequest("cannot RDY in current state")
@@ -475,16 +599,12 @@ class V2Connection(asyncio.Protocol):
         consumer.channel.finish(consumer, msg_id)
         return pos
 
-    def _fins_allowed(self) -> bool:
-        """Whether a FIN now passes every check but whether the message is held (a
-        subscribed connection has passed the TLS policy already)."""
-        consumer = self.consumer
-        return consumer is not None and consumer.channel is not None
-
     def _fin_many(self, ids: list[str]) -> None:
         """FIN lines read at once (see ``wire.read_fins``): each failure gets its
         error, in order, as the same FINs read one by one would."""
         consumer = self.consumer
+        if consumer is None or consumer.channel is None:
+            raise InvalidRequest("cannot FIN in current state")
         for err in consumer.channel.finish_many(consumer, ids):
             self._error(err)
 
@@ -567,15 +687,12 @@ class V2Connection(asyncio.Protocol):
         return pos
 
     def _cls(self, params: list[bytes], pos: int) -> int:
-        if self.consumer is None or self.consumer.closing:
-            raise InvalidRequest("cannot CLS in current state")
         self.consumer.closing = True
+        self.state = CLOSING
         self.send(CLOSE_WAIT)
         return pos
 
     def _auth(self, params: list[bytes], pos: int) -> int:
-        if self.consumer is not None:
-            raise InvalidRequest("cannot AUTH in current state")
         if len(params) != 1:
             raise InvalidRequest("AUTH invalid number of parameters")
         body, pos = wire.read_body(self.buf, pos, "AUTH",
@@ -590,7 +707,7 @@ class V2Connection(asyncio.Protocol):
             await auth.auth(body.decode(errors="replace"))
             self.send(frame(FRAME_RESPONSE, auth.reply()))
 
-        raise _Wait(ask(), resume=pos)
+        raise _Wait(ask(), AUTHENTICATING, resume=pos)
 
     def _identity(self) -> ClientIdentity:
         """Who this client is, as nsqd's /stats shows it: IDENTIFY's names (the peer's
@@ -625,6 +742,7 @@ class V2Connection(asyncio.Protocol):
                                               self.server.security.tls_context,
                                               server_side=True, ssl_handshake_timeout=5)
         self.transport = transport
+        self.reading = True        # the TLS transport reads from the start
         self.tls = True
         self._set_buffer_limits()
         if self.auth is not None:
@@ -639,7 +757,7 @@ class V2Connection(asyncio.Protocol):
         if self.auth is None:
             return
         if self.auth.needs_query():
-            raise _Wait(self.auth.refresh())  # ask again, then run the command again
+            raise _Wait(self.auth.refresh(), AUTHENTICATING)  # ask, then run the command again
         self.auth.check(command, topic, channel)
 
 
@@ -664,15 +782,15 @@ class TcpServer:
         self.max_pending = broker.options.max_body_size + wire.MAX_LINE + 8
 
     async def start(self, address: str) -> str:
-        host, _, port = address.rpartition(":")
+        host, port = split_listen_address(address, "tcp-address")
         loop = asyncio.get_running_loop()
         try:
             self.server = await loop.create_server(lambda: V2Connection(self.broker, self),
-                                                   host, int(port), reuse_address=True)
+                                                   host or None, port, reuse_address=True)
         except OSError as err:
             raise OSError(f"cannot listen on {address} (TCP): {err.strerror}") from None
         bound = self.server.sockets[0].getsockname()
-        return f"{host}:{bound[1]}"
+        return host_port(host, bound[1])
 
     async def close(self) -> None:
         if self.server is not None:
