@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from . import deadletter
@@ -42,8 +41,6 @@ log = logging.getLogger("pynsqd")
 
 # Seconds between ticks: the most a timeout or a deferred message can lag.
 TICK_INTERVAL = 0.01
-# Requeued leases remembered for adoption by a restarted reader.
-MAX_REMEMBERED_LEASES = 1024
 # FINed leases' messages freed per tick: a million freed at once would hold the loop,
 # and the FIN's answer, for tens of milliseconds.
 FREED_PER_TICK = 100_000
@@ -64,7 +61,8 @@ class Broker:
         self._sessions: dict[str, LeaseSession] = {}
         self._leases: dict[str, Lease] = {}
         # Leases requeued or timed out, by their messages' ids, for a replay to adopt.
-        self._requeued: OrderedDict[str, RememberedLease] = OrderedDict()
+        # Each is kept while one of its messages waits in its channel (LeaseClaims).
+        self._requeued: dict[str, RememberedLease] = {}
         self._finished: list[list[Message]] = []  # FINed leases' messages, freed by tick
         self.dedupe = Deduplicator(clock=self.clock)
         # Where durable topics live: memory only, or a DiskStore (BrokerApp sets it
@@ -318,6 +316,7 @@ class Broker:
         old = self._requeued.pop(lease_id, None)
         if old is None or old.channel.deleted:
             return None
+        old.channel.lease_claims.release(old)
         session = lease.session if lease is not None else LeaseSession("adopted")
         lease = Lease(session, msg_timeout=old.msg_timeout)
         lease.lease_id = lease_id
@@ -325,17 +324,24 @@ class Broker:
         taken = old.channel.reclaim(lease, old.ids)
         if not taken:
             return None
-        # Keep the original order so each partition's slice stays what it was.
+        # Keep the original order so each partition's slice stays what it was, and the
+        # attempts it read then, so the replay's rows are the failed run's, every column.
         lease.order = taken
+        lease.first_attempts = dict(zip(old.ids, old.attempts))
         self._leases[lease_id] = lease
         return lease
 
     def _remember(self, lease: Lease) -> None:
         if lease.channel is None or not lease.order:
             return
-        self._requeued[lease.lease_id] = lease.remembered()
-        while len(self._requeued) > MAX_REMEMBERED_LEASES:
-            self._requeued.popitem(last=False)
+        remembered = lease.remembered()
+        self._requeued[lease.lease_id] = remembered
+        lease.channel.lease_claims.claim(remembered)
+
+    def forget_remembered(self, remembered: RememberedLease) -> None:
+        """None of ``remembered``'s messages waits in its channel any more."""
+        if self._requeued.get(remembered.lease_id) is remembered:
+            del self._requeued[remembered.lease_id]
 
     def lease(self, lease_id: str, broker_id: str = "") -> Lease:
         if broker_id and broker_id != self.instance_id:

@@ -11,8 +11,11 @@ When the session's stream drops, the session is *detached*: it keeps its
 leases for a grace period (about the message timeout) so the planner can
 reconnect and resume it; when the grace period ends, every lease it holds is
 requeued. A lease requeued that way, or one whose messages timed out, is
-remembered by its messages' ids (never their bodies) so that a planner
-replaying a batch can adopt it, or FIN it once the batch is known committed.
+remembered by its messages' ids and attempts (never their bodies) so that a
+planner replaying a batch can adopt it, and read the same rows, or FIN it once
+the batch is known committed. It is remembered for as long as one of its
+messages waits in the channel (``LeaseClaims``): bounded by the channel's
+messages, not by a count of leases.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import secrets
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from .consumer import Consumer
 from .message import Message
@@ -97,6 +100,9 @@ class Lease(Consumer):
         self.lease_id = secrets.token_hex(12)
         self.session = session
         self.order: list[Message] = []
+        # A lease taken back after a requeue or a timeout: each message's attempts as
+        # its first delivery to this lease counted them (what a replay must read again).
+        self.first_attempts: dict[str, int] | None = None
 
     def hold(self, msgs: list[Message]) -> None:
         """``msgs`` are now in flight to this lease (the channel's ``take``, ``reclaim``)."""
@@ -111,6 +117,15 @@ class Lease(Consumer):
             return self.order[partition::num_partitions]
         return [m for m in self.order[partition::num_partitions] if held.get(m.id) is m]
 
+    def attempts_of(self, msgs: list[Message]) -> list[int] | None:
+        """The attempts a fetch reports for ``msgs`` (of this lease): as first delivered
+        to it, so a replay reads the very rows the failed run read; None when that is
+        each message's own count (the lease was never taken back)."""
+        first = self.first_attempts
+        if first is None:
+            return None
+        return [first.get(m.id, m.attempts) for m in msgs]
+
     def let_go(self) -> list[Message]:
         """The messages this lease was made of; it keeps none from now on (it is over).
         They point at it (``consumer``): kept, they and it would be a cycle that only a
@@ -120,16 +135,85 @@ class Lease(Consumer):
 
     def remembered(self) -> "RememberedLease":
         assert self.channel is not None
-        return RememberedLease(self.channel, [m.id for m in self.order], self.msg_timeout)
+        order = self.order
+        attempts = self.attempts_of(order) or [m.attempts for m in order]
+        return RememberedLease(self.channel, [m.id for m in order], self.msg_timeout,
+                               attempts, self.lease_id)
 
 
-@dataclass
+@dataclass(eq=False)
 class RememberedLease:
-    """A lease no longer held (requeued or timed out): its channel and message ids."""
+    """A lease no longer held (requeued or timed out): its channel, its messages' ids
+    and the attempts each had when the lease first held it (never their bodies)."""
 
     channel: "Channel"
     ids: list[str]
     msg_timeout: float
+    attempts: list[int]
+    lease_id: str = ""
+    live: int = 0  # how many of ``ids`` still wait in the channel, last held by this lease
+
+
+class LeaseClaims:
+    """A channel's messages by the remembered lease that last held them.
+
+    A remembered lease is kept only while one of its messages is still in the
+    channel (not FINed, dead-lettered, expired or emptied) and was held by no lease
+    remembered after it: so what the broker remembers is bounded by the messages
+    the channel holds, never by a count of leases. ``forget`` is told of each
+    remembered lease that no longer claims any message.
+    """
+
+    __slots__ = ("_by_id", "_forget")
+
+    def __init__(self, forget: "Callable[[RememberedLease], None]") -> None:
+        self._by_id: dict[str, RememberedLease] = {}
+        self._forget = forget
+
+    def __bool__(self) -> bool:
+        return bool(self._by_id)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def claim(self, lease: RememberedLease) -> None:
+        by_id = self._by_id
+        for msg_id in lease.ids:
+            previous = by_id.get(msg_id)
+            if previous is lease:
+                continue
+            by_id[msg_id] = lease
+            lease.live += 1
+            if previous is not None:
+                self._one_less(previous)
+
+    def release(self, lease: RememberedLease) -> None:
+        """``lease`` is held again (adopted, FINed): it claims nothing now."""
+        by_id = self._by_id
+        for msg_id in lease.ids:
+            if by_id.get(msg_id) is lease:
+                del by_id[msg_id]
+        lease.live = 0
+
+    def left(self, msg_ids: Iterable[str]) -> None:
+        """These messages left the channel."""
+        pop = self._by_id.pop
+        for msg_id in msg_ids:
+            lease = pop(msg_id, None)
+            if lease is not None:
+                self._one_less(lease)
+
+    def clear(self) -> None:
+        leases = {id(lease): lease for lease in self._by_id.values()}
+        self._by_id.clear()
+        for lease in leases.values():
+            lease.live = 0
+            self._forget(lease)
+
+    def _one_less(self, lease: RememberedLease) -> None:
+        lease.live -= 1
+        if lease.live <= 0:
+            self._forget(lease)
 
 
 class LeaseSession:
