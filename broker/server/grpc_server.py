@@ -435,7 +435,8 @@ class BrokerService(pb_grpc.BrokerServicer):
                                start_time=self.broker.start_time, max_msg_size=o.max_msg_size,
                                max_rdy_count=o.max_rdy_count, msg_timeout_ms=o.msg_timeout,
                                max_msg_timeout_ms=o.max_msg_timeout,
-                               max_req_timeout_ms=o.max_req_timeout)
+                               max_req_timeout_ms=o.max_req_timeout,
+                               durable=bool(o.data_path))
 
     # -- leases -----------------------------------------------------------
     async def OpenLeaseSession(self, request, context):
