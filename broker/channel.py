@@ -196,6 +196,10 @@ class Channel:
         self._hold_all(holder, taken)
         return taken, size
 
+    def waiting(self) -> Iterator[Message]:
+        """The ready messages held in memory (what ``reclaim`` can take back)."""
+        return self._ready.messages()
+
     def reclaim(self, holder: "Lease", wanted: list[str]) -> list[Message]:
         """Take the messages with ids ``wanted`` back in flight to ``holder`` if they are
         still waiting in memory in this channel (not delivered elsewhere meanwhile); in

@@ -384,18 +384,26 @@ class LeaseKeeper:
             self._open[batch] = leases
         gone: set[str] = set()
         by_address: dict[str, list[str]] = {}
+        restarted: dict[str, tuple[dict, str]] = {}  # made by an earlier instance
         for lease in leases.values():
             current = self.broker_id(lease["address"])
             if lease.get("broker") and current is not None and lease["broker"] != current:
-                self._lost_to_restart(batch, lease, current)
-                gone.add(lease["lease"])
-                continue
+                session = self._sessions.get(lease["address"])
+                if session is None or not session.durable:
+                    self._lost_to_restart(batch, lease, current)
+                    gone.add(lease["lease"])
+                    continue
+                # A durable broker keeps its leases across a restart: adopt it there.
+                restarted[lease["lease"]] = (lease, current)
             by_address.setdefault(lease["address"], []).append(lease["lease"])
         adopted = self._each_broker(by_address, lambda s: s.adopt(by_address[s.address]),
                                     "adopting leases")
         for address, (count, missing) in adopted.items():
             log.info("replaying batch %d: adopted %d message(s) of %d lease(s) on %s",
                      batch, count, len(by_address[address]), address)
+            for lease_id in missing:
+                if lease_id in restarted:
+                    self._lost_to_restart(batch, *restarted[lease_id])
             gone.update(missing)
         return gone
 
