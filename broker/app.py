@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 
 from .core import TICK_INTERVAL, Broker
+from .lease import LeaseJournal
 from .lookupd import LookupdRegistration
 from .options import Options
 from .security.guard import Security
@@ -79,6 +81,8 @@ class BrokerApp:
             self.broker.storage = storage
             try:
                 storage.recover()
+                self.broker.restore_leases(
+                    LeaseJournal(Path(self.options.data_path) / "leases.journal"))
             except BaseException:
                 self.broker.storage = MemoryStore(self.options.max_memory_bytes)
                 storage.abandon()
@@ -153,6 +157,9 @@ class BrokerApp:
             await self.security.close()
 
     def _close_storage(self) -> None:
+        journal, self.broker.lease_journal = self.broker.lease_journal, None
+        if journal is not None:
+            journal.close()
         storage, self.broker.storage = self.broker.storage, MemoryStore(
             self.options.max_memory_bytes)
         storage.close()

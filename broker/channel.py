@@ -19,6 +19,7 @@ from . import deadletter
 from .backlog import Backlog, ReadLater
 from .consumer import Consumer
 from .errors import NotInFlight
+from .lease import LeaseClaims
 from .message import MAX_ATTEMPTS, Message
 from .names import is_ephemeral
 from .pqueue import DeadlineQueue
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from .lease import Lease
     from .topic import Topic
 
-_BODY, _TIMESTAMP = attrgetter("body"), attrgetter("timestamp")
+_BODY, _TIMESTAMP, _ID = attrgetter("body"), attrgetter("timestamp"), attrgetter("id")
 
 
 class Channel:
@@ -39,6 +40,8 @@ class Channel:
         self.paused = False
         self.deleted = False
         self._broker = topic.broker
+        # Requeued leases remembered by the messages of theirs still here (lease.py).
+        self.lease_claims = LeaseClaims(topic.broker.forget_remembered)
         self._clock = topic.broker.clock
         self._store = topic.broker.storage
         # Past --mem-queue-size, a durable message waits on disk only.
@@ -216,6 +219,10 @@ class Channel:
         self._hold_all(holder, taken)
         return taken, size
 
+    def waiting(self) -> Iterator[Message]:
+        """The ready messages held in memory (what ``reclaim`` can take back)."""
+        return self._ready.messages()
+
     def reclaim(self, holder: "Lease", wanted: list[str]) -> list[Message]:
         """Take the messages with ids ``wanted`` back in flight to ``holder`` if they are
         still waiting in memory in this channel (not delivered elsewhere meanwhile); in
@@ -269,6 +276,8 @@ class Channel:
         wall_ns = self._clock.wall_ns()
         # ``msg.consumer`` is left as it is: nothing reads it once a message is gone.
         self.latency.add_published(wall_ns, list(map(_TIMESTAMP, msgs)))
+        if self.lease_claims:
+            self.lease_claims.left(map(_ID, msgs))
         holder.finish_count += len(msgs)
         self.finish_count += len(msgs)
         self._store.finished(self, msgs)
@@ -374,6 +383,7 @@ class Channel:
                 msg.consumer.in_flight.pop(msg.id, None)
                 msg.consumer = None
         self._store.dropped(self.topic, self, msgs, on_disk)
+        self.lease_claims.clear()
 
     def close(self) -> list[Consumer]:
         """Forget everything; return the consumers that were attached."""
@@ -496,6 +506,8 @@ class Channel:
         if not deadletter.remove(self, msg, reason):
             self._deferred.push(msg, self._clock.monotonic() + deadletter.RETRY_DELAY)
             self._timers_started()
+        elif self.lease_claims:
+            self.lease_claims.left((msg.id,))
         return True
 
     def stats(self) -> ChannelStats:

@@ -36,9 +36,11 @@ def _unpacked(typecode: str, data: bytes) -> array:
     return a
 
 
-def frames(msgs: list[Message], max_messages: int, max_bytes: int) -> Iterator[pb.MessageColumns]:
+def frames(msgs: list[Message], max_messages: int, max_bytes: int,
+           attempts: list[int] | None = None) -> Iterator[pb.MessageColumns]:
     """``msgs`` in order, as frames of at most ``max_messages`` messages and
-    ``max_bytes`` of bodies (a larger body goes alone in its frame)."""
+    ``max_bytes`` of bodies (a larger body goes alone in its frame). ``attempts``:
+    each message's attempts to report, if not its own count."""
     n, start = len(msgs), 0
     while start < n:
         part = msgs[start:start + max_messages]
@@ -48,11 +50,13 @@ def frames(msgs: list[Message], max_messages: int, max_bytes: int) -> Iterator[p
         if ends[-1] > max_bytes:
             stop = max(1, bisect_right(ends, max_bytes) - 1)
             part, ends = part[:stop], ends[:stop + 1]
-        yield _frame(part, array("i", ends))
+        yield _frame(part, array("i", ends),
+                     None if attempts is None else attempts[start:start + len(part)])
         start += len(part)
 
 
-def _frame(msgs: list[Message], offsets: array) -> pb.MessageColumns:
+def _frame(msgs: list[Message], offsets: array,
+           attempts: list[int] | None = None) -> pb.MessageColumns:
     if not _LITTLE:
         offsets.byteswap()
     return pb.MessageColumns(
@@ -61,7 +65,7 @@ def _frame(msgs: list[Message], offsets: array) -> pb.MessageColumns:
         bodies=b"".join(map(_BODY, msgs)),
         body_offsets=offsets.tobytes(),
         timestamps=_packed("q", map(_TIMESTAMP, msgs)),
-        attempts=_packed("i", map(_ATTEMPTS, msgs)))
+        attempts=_packed("i", map(_ATTEMPTS, msgs) if attempts is None else attempts))
 
 
 class Row(NamedTuple):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from . import deadletter
@@ -21,9 +20,10 @@ from .consumer import Consumer
 from .dedupe import Deduplicator, content_digest
 from .errors import (InvalidMessage, InvalidRequest, LeaseNotFound, MessageTooBig,
                      TopicNotFound, WrongBroker)
-from .lease import RESERVE_STEP_BYTES, Lease, LeaseSession, RememberedLease, Reservation
+from .lease import (RESERVE_STEP_BYTES, Lease, LeaseJournal, LeaseSession, RememberedLease,
+                    Reservation)
 from .message import IdFactory, Message
-from .names import check_channel_name, check_topic_name
+from .names import check_channel_name, check_topic_name, is_ephemeral
 from .options import Options
 from .stats import TopicStats
 from .storage.store import MemoryStore
@@ -42,8 +42,6 @@ log = logging.getLogger("pynsqd")
 
 # Seconds between ticks: the most a timeout or a deferred message can lag.
 TICK_INTERVAL = 0.01
-# Requeued leases remembered for adoption by a restarted reader.
-MAX_REMEMBERED_LEASES = 1024
 # FINed leases' messages freed per tick: a million freed at once would hold the loop,
 # and the FIN's answer, for tens of milliseconds.
 FREED_PER_TICK = 100_000
@@ -64,8 +62,11 @@ class Broker:
         self._sessions: dict[str, LeaseSession] = {}
         self._leases: dict[str, Lease] = {}
         # Leases requeued or timed out, by their messages' ids, for a replay to adopt.
-        self._requeued: OrderedDict[str, RememberedLease] = OrderedDict()
+        # Each is kept while one of its messages waits in its channel (LeaseClaims).
+        self._requeued: dict[str, RememberedLease] = {}
         self._finished: list[list[Message]] = []  # FINed leases' messages, freed by tick
+        # With --data-path: the leases written down, so they outlive a restart (BrokerApp).
+        self.lease_journal: LeaseJournal | None = None
         self.dedupe = Deduplicator(clock=self.clock)
         # Where durable topics live: memory only, or a DiskStore (BrokerApp sets it
         # when --data-path is given, before any topic exists).
@@ -282,7 +283,49 @@ class Broker:
         if self._leases.get(lease.lease_id) is not lease:
             raise LeaseNotFound(f"lease session {lease.session.session_id!r} ended while its "
                                 f"reserve was in progress: the messages taken are requeued")
+        if self._journaled(reservation.channel):
+            # Written before the answer: the deliveries (attempts), then the lease itself.
+            self.storage.flush()
+            self.lease_journal.made(lease)
         return lease, reservation.channel.depth
+
+    def _journaled(self, channel: Channel) -> bool:
+        return (self.lease_journal is not None and not is_ephemeral(channel.topic.name)
+                and not channel.ephemeral)
+
+    def restore_leases(self, journal: LeaseJournal) -> int:
+        """At start (after storage recovery): remember every lease ``journal`` kept, as
+        if requeued, claiming those of its messages back in their channel; from now on
+        leases are written to it. Returns how many leases were kept."""
+        kept = []
+        in_channel: dict[Channel, set[str]] = {}
+        for lease_id, topic, channel, timeout, ids, attempts in journal.load():
+            t = self.topics.get(topic)
+            ch = t.channels.get(channel) if t is not None else None
+            if ch is None:
+                continue
+            if ch not in in_channel:
+                in_channel[ch] = {m.id for m in ch.waiting()}
+            here = [i for i in ids if i in in_channel[ch]]
+            if not here:
+                continue
+            remembered = RememberedLease(ch, ids, timeout, attempts, lease_id)
+            self._requeued[lease_id] = remembered
+            ch.lease_claims.claim(remembered, here)
+            kept.append((lease_id, topic, channel, timeout, ids, attempts))
+        journal.open(kept)
+        self.lease_journal = journal
+        if kept:
+            log.info("lease journal: %d lease(s) kept across the restart, for a replay to "
+                     "adopt or a commit to FIN", len(kept))
+        return len(kept)
+
+    def _journal_gone(self, lease_id: str) -> None:
+        if self.lease_journal is not None:
+            self.lease_journal.gone(lease_id, self._live_leases)
+
+    def _live_leases(self) -> list:
+        return [*self._leases.values(), *self._requeued.values()]
 
     def adopt_leases(self, session_id: str, lease_ids: Iterable[str]) -> tuple[int, list[str]]:
         """Make ``session_id`` the holder of leases planned by an earlier session.
@@ -316,7 +359,11 @@ class Broker:
         if lease is not None:  # every message timed out
             self._forget_lease(lease_id, remember=True)
         old = self._requeued.pop(lease_id, None)
-        if old is None or old.channel.deleted:
+        if old is None:
+            return None
+        old.channel.lease_claims.release(old)
+        if old.channel.deleted:
+            self._journal_gone(lease_id)
             return None
         session = lease.session if lease is not None else LeaseSession("adopted")
         lease = Lease(session, msg_timeout=old.msg_timeout)
@@ -324,20 +371,37 @@ class Broker:
         lease.channel = old.channel
         taken = old.channel.reclaim(lease, old.ids)
         if not taken:
+            self._journal_gone(lease_id)
             return None
-        # Keep the original order so each partition's slice stays what it was.
+        # Keep the original order so each partition's slice stays what it was, and the
+        # attempts it read then, so the replay's rows are the failed run's, every column.
         lease.order = taken
+        lease.first_attempts = dict(zip(old.ids, old.attempts))
         self._leases[lease_id] = lease
         return lease
 
     def _remember(self, lease: Lease) -> None:
-        if lease.channel is None or not lease.order:
+        if lease.channel is None or not lease.order or lease.channel.deleted:
+            self._journal_gone(lease.lease_id)
             return
-        self._requeued[lease.lease_id] = lease.remembered()
-        while len(self._requeued) > MAX_REMEMBERED_LEASES:
-            self._requeued.popitem(last=False)
+        remembered = lease.remembered()
+        self._requeued[lease.lease_id] = remembered
+        # It claims those of its messages back in the channel (not since taken by others).
+        lease.channel.lease_claims.claim(
+            remembered, [m.id for m in lease.order if m.consumer is None or m.consumer is lease])
+        if not remembered.live:
+            self.forget_remembered(remembered)
+
+    def forget_remembered(self, remembered: RememberedLease) -> None:
+        """None of ``remembered``'s messages waits in its channel any more."""
+        if self._requeued.get(remembered.lease_id) is remembered:
+            del self._requeued[remembered.lease_id]
+            self._journal_gone(remembered.lease_id)
 
     def lease(self, lease_id: str, broker_id: str = "") -> Lease:
+        held = self._leases.get(lease_id)
+        if held is not None and held.in_flight:
+            return held  # made here, or by an earlier instance and kept across its restart
         if broker_id and broker_id != self.instance_id:
             raise WrongBroker(f"lease {lease_id!r} was made by broker instance {broker_id}, "
                               f"but this is {self.instance_id} (another broker, or this one "
@@ -361,6 +425,7 @@ class Broker:
             count += lease.channel.finish_all(lease)
             self._finished.append(lease.let_go())
             self._forget_lease(lease_id)
+            self._journal_gone(lease_id)
         self.storage.flush()  # an acknowledged FIN is written before the answer
         return count, missing
 

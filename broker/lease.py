@@ -11,18 +11,28 @@ When the session's stream drops, the session is *detached*: it keeps its
 leases for a grace period (about the message timeout) so the planner can
 reconnect and resume it; when the grace period ends, every lease it holds is
 requeued. A lease requeued that way, or one whose messages timed out, is
-remembered by its messages' ids (never their bodies) so that a planner
-replaying a batch can adopt it, or FIN it once the batch is known committed.
+remembered by its messages' ids and attempts (never their bodies) so that a
+planner replaying a batch can adopt it, and read the same rows, or FIN it once
+the batch is known committed. It is remembered for as long as one of its
+messages waits in the channel (``LeaseClaims``): bounded by the channel's
+messages, not by a count of leases.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
+import os
 import secrets
+import struct
+import sys
+import zlib
+from array import array
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import TYPE_CHECKING, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from .consumer import Consumer
 from .message import Message
@@ -30,6 +40,7 @@ from .message import Message
 if TYPE_CHECKING:
     from .channel import Channel
 
+log = logging.getLogger("pynsqd")
 _session_ids = itertools.count(1)
 _ID = attrgetter("id")
 
@@ -97,6 +108,9 @@ class Lease(Consumer):
         self.lease_id = secrets.token_hex(12)
         self.session = session
         self.order: list[Message] = []
+        # A lease taken back after a requeue or a timeout: each message's attempts as
+        # its first delivery to this lease counted them (what a replay must read again).
+        self.first_attempts: dict[str, int] | None = None
 
     def hold(self, msgs: list[Message]) -> None:
         """``msgs`` are now in flight to this lease (the channel's ``take``, ``reclaim``)."""
@@ -111,6 +125,15 @@ class Lease(Consumer):
             return self.order[partition::num_partitions]
         return [m for m in self.order[partition::num_partitions] if held.get(m.id) is m]
 
+    def attempts_of(self, msgs: list[Message]) -> list[int] | None:
+        """The attempts a fetch reports for ``msgs`` (of this lease): as first delivered
+        to it, so a replay reads the very rows the failed run read; None when that is
+        each message's own count (the lease was never taken back)."""
+        first = self.first_attempts
+        if first is None:
+            return None
+        return [first.get(m.id, m.attempts) for m in msgs]
+
     def let_go(self) -> list[Message]:
         """The messages this lease was made of; it keeps none from now on (it is over).
         They point at it (``consumer``): kept, they and it would be a cycle that only a
@@ -120,16 +143,86 @@ class Lease(Consumer):
 
     def remembered(self) -> "RememberedLease":
         assert self.channel is not None
-        return RememberedLease(self.channel, [m.id for m in self.order], self.msg_timeout)
+        order = self.order
+        attempts = self.attempts_of(order) or [m.attempts for m in order]
+        return RememberedLease(self.channel, [m.id for m in order], self.msg_timeout,
+                               attempts, self.lease_id)
 
 
-@dataclass
+@dataclass(eq=False)
 class RememberedLease:
-    """A lease no longer held (requeued or timed out): its channel and message ids."""
+    """A lease no longer held (requeued or timed out): its channel, its messages' ids
+    and the attempts each had when the lease first held it (never their bodies)."""
 
     channel: "Channel"
     ids: list[str]
     msg_timeout: float
+    attempts: list[int]
+    lease_id: str = ""
+    live: int = 0  # how many of ``ids`` still wait in the channel, last held by this lease
+
+
+class LeaseClaims:
+    """A channel's messages by the remembered lease that last held them.
+
+    A remembered lease is kept only while one of its messages is still in the
+    channel (not FINed, dead-lettered, expired or emptied) and was held by no lease
+    remembered after it: so what the broker remembers is bounded by the messages
+    the channel holds, never by a count of leases. ``forget`` is told of each
+    remembered lease that no longer claims any message.
+    """
+
+    __slots__ = ("_by_id", "_forget")
+
+    def __init__(self, forget: "Callable[[RememberedLease], None]") -> None:
+        self._by_id: dict[str, RememberedLease] = {}
+        self._forget = forget
+
+    def __bool__(self) -> bool:
+        return bool(self._by_id)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def claim(self, lease: RememberedLease, ids: "Iterable[str] | None" = None) -> None:
+        """``lease`` claims ``ids`` (default: all of its own), messages still here."""
+        by_id = self._by_id
+        for msg_id in lease.ids if ids is None else ids:
+            previous = by_id.get(msg_id)
+            if previous is lease:
+                continue
+            by_id[msg_id] = lease
+            lease.live += 1
+            if previous is not None:
+                self._one_less(previous)
+
+    def release(self, lease: RememberedLease) -> None:
+        """``lease`` is held again (adopted, FINed): it claims nothing now."""
+        by_id = self._by_id
+        for msg_id in lease.ids:
+            if by_id.get(msg_id) is lease:
+                del by_id[msg_id]
+        lease.live = 0
+
+    def left(self, msg_ids: Iterable[str]) -> None:
+        """These messages left the channel."""
+        pop = self._by_id.pop
+        for msg_id in msg_ids:
+            lease = pop(msg_id, None)
+            if lease is not None:
+                self._one_less(lease)
+
+    def clear(self) -> None:
+        leases = {id(lease): lease for lease in self._by_id.values()}
+        self._by_id.clear()
+        for lease in leases.values():
+            lease.live = 0
+            self._forget(lease)
+
+    def _one_less(self, lease: RememberedLease) -> None:
+        lease.live -= 1
+        if lease.live <= 0:
+            self._forget(lease)
 
 
 class LeaseSession:
@@ -184,3 +277,170 @@ class Reservation:
 
 def _ignore(msg: Message) -> None:
     pass
+
+
+class LeaseJournal:
+    """The leases of a durable broker, written to ``<data-path>/leases.journal``, so that
+    a lease outlives a restart of the broker, clean or ``kill -9``.
+
+    A lease is written when it is made (its channel, and each message's id and attempts
+    as first delivered: never bodies) and marked gone when it is FINed or when none of
+    its messages waits in its channel any more. After a restart every lease not gone is
+    remembered as if requeued: a replay adopts it and reads the same rows, and a FIN of
+    a batch Spark committed before the restart finds its messages. The file holds what
+    is live, not history: it starts afresh whenever nothing is live, and is rewritten
+    with what is live once what is gone outweighs it four times over, so it stays
+    bounded by the leases in flight or remembered. Written with ``write`` before the
+    broker answers (what ``kill -9`` leaves); a power loss may take its unsynced tail.
+
+    Record: u32 length, u8 kind, payload, u32 crc32 of kind and payload. A torn or
+    corrupt record ends the reading (what follows it is dropped, logged).
+    """
+
+    MADE, GONE = 1, 2
+    _HEAD = struct.Struct("<IB")
+    _CRC = struct.Struct("<I")
+    _MADE = struct.Struct("<24sHHII")  # lease id, topic len, channel len, msg timeout ms, n
+    COMPACT_RATIO = 4
+    COMPACT_MIN_BYTES = 1 << 20
+
+    def __init__(self, path: "str | os.PathLike[str]") -> None:
+        self.path = Path(path)
+        self._sizes: dict[str, int] = {}  # live lease id -> bytes of its MADE record
+        self._live_bytes = 0
+        self._dead_bytes = 0
+        self._fd = -1
+
+    # -- reading, at start ----------------------------------------------------
+    def load(self) -> list[tuple[str, str, str, float, list[str], list[int]]]:
+        """The live leases on disk: (lease id, topic, channel, msg timeout s, ids,
+        attempts), in the order they were made."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        live: dict[str, tuple] = {}
+        pos, head, crc = 0, self._HEAD, self._CRC
+        while pos + head.size <= len(data):
+            length, kind = head.unpack_from(data, pos)
+            end = pos + head.size + length
+            if end + crc.size > len(data) or \
+                    crc.unpack_from(data, end)[0] != zlib.crc32(data[pos + 4:end]):
+                log.warning("lease journal %s: a torn or damaged record at byte %d; the "
+                            "%d byte(s) from there are dropped", self.path, pos, len(data) - pos)
+                break
+            payload = data[pos + head.size:end]
+            if kind == self.MADE:
+                record = self._decode_made(payload)
+                live[record[0]] = record
+            elif kind == self.GONE:
+                live.pop(payload.decode(), None)
+            pos = end + crc.size
+        return list(live.values())
+
+    def _decode_made(self, payload: bytes) -> tuple:
+        lease_id, tlen, clen, timeout_ms, n = self._MADE.unpack_from(payload)
+        pos = self._MADE.size
+        topic = payload[pos:pos + tlen].decode()
+        channel = payload[pos + tlen:pos + tlen + clen].decode()
+        pos += tlen + clen
+        text = payload[pos:pos + 16 * n].decode()
+        ids = [text[i:i + 16] for i in range(0, 16 * n, 16)]
+        attempts = array("H")
+        attempts.frombytes(payload[pos + 16 * n:pos + 18 * n])
+        if sys.byteorder != "little":
+            attempts.byteswap()
+        return lease_id.decode(), topic, channel, timeout_ms / 1000, ids, attempts.tolist()
+
+    # -- writing --------------------------------------------------------------
+    def open(self, live: "Iterable[tuple[str, str, str, float, list[str], list[int]]]") -> None:
+        """Start the file afresh with ``live`` (the leases kept after a restart)."""
+        self._rewrite([self._encode_made(*record) for record in live])
+
+    def made(self, lease: "Lease") -> None:
+        assert lease.channel is not None
+        order = lease.order
+        attempts = lease.attempts_of(order) or [m.attempts for m in order]
+        record = self._encode_made(lease.lease_id, lease.channel.topic.name, lease.channel.name,
+                                   lease.msg_timeout, [m.id for m in order], attempts)
+        self._write(record)
+        self._sizes[lease.lease_id] = len(record)
+        self._live_bytes += len(record)
+
+    def gone(self, lease_id: str, live: "Callable[[], Iterable[Lease | RememberedLease]]") -> None:
+        """``lease_id`` is over; ``live()`` gives what is live, should the file be rewritten."""
+        size = self._sizes.pop(lease_id, None)
+        if size is None:
+            return
+        self._live_bytes -= size
+        self._dead_bytes += size
+        if not self._sizes:
+            # Nothing live: the file starts afresh (a power loss that undoes the cut
+            # brings back leases already over, which find nothing and are dropped).
+            if self._fd >= 0:
+                os.ftruncate(self._fd, 0)
+            self._dead_bytes = 0
+        elif self._dead_bytes > max(self.COMPACT_MIN_BYTES, self.COMPACT_RATIO * self._live_bytes):
+            self._rewrite([self._encode_lease(lease) for lease in live()
+                           if lease.lease_id in self._sizes])
+        else:
+            self._write(self._record(self.GONE, lease_id.encode()))
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _encode_lease(self, lease: "Lease | RememberedLease") -> bytes:
+        if isinstance(lease, RememberedLease):
+            return self._encode_made(lease.lease_id, lease.channel.topic.name,
+                                     lease.channel.name, lease.msg_timeout, lease.ids,
+                                     lease.attempts)
+        order = lease.order
+        return self._encode_made(lease.lease_id, lease.channel.topic.name, lease.channel.name,
+                                 lease.msg_timeout, [m.id for m in order],
+                                 lease.attempts_of(order) or [m.attempts for m in order])
+
+    def _encode_made(self, lease_id: str, topic: str, channel: str, msg_timeout: float,
+                     ids: list[str], attempts: list[int]) -> bytes:
+        t, c = topic.encode(), channel.encode()
+        counts = array("H", (min(a, 0xFFFF) for a in attempts))
+        if sys.byteorder != "little":
+            counts.byteswap()
+        payload = b"".join((self._MADE.pack(lease_id.encode(), len(t), len(c),
+                                            int(msg_timeout * 1000), len(ids)),
+                            t, c, "".join(ids).encode(), counts.tobytes()))
+        return self._record(self.MADE, payload)
+
+    def _record(self, kind: int, payload: bytes) -> bytes:
+        body = bytes((kind,)) + payload
+        return b"".join((struct.pack("<I", len(payload)), body,
+                         self._CRC.pack(zlib.crc32(body))))
+
+    def _write(self, record: bytes) -> None:
+        if self._fd < 0:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        view = memoryview(record)
+        while view:
+            view = view[os.write(self._fd, view):]
+
+    def _rewrite(self, records: list[bytes]) -> None:
+        """Replace the file with ``records`` (temp file, fsync, rename)."""
+        self.close()
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            data = memoryview(b"".join(records))
+            while data:
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        self._sizes = {}
+        self._live_bytes = 0
+        for record in records:
+            lease_id = record[5:29].decode()
+            self._sizes[lease_id] = len(record)
+            self._live_bytes += len(record)
+        self._dead_bytes = 0

@@ -5,10 +5,12 @@ JSON event, publish it to another topic. At least once in, once out on replay.
         --address 127.0.0.1:4170 --source-topic events --channel relay \\
         --sink-topic enriched --checkpoint checkpoints/relay [--available-now]
 
-Each output body is the input's JSON object with three fields added: the pynsq
-message id (``source_id``), the publish time (``published_at``) and how many
-deliveries it took (``attempts``). Bodies that are not JSON objects are wrapped
-as ``{"raw": "..."}``.
+Each output body is the input's JSON object, its fields and their JSON values kept
+as they were, with three fields added: the pynsq message id (``source_id``), the
+publish time (``published_at``) and ``attempts`` (the deliveries it took when its
+batch first read it: a replay reads the same). Bodies that are not JSON objects
+are wrapped as ``{"raw": "...", ...}``. Exactly once end to end: a replayed batch
+reads the same rows, and ``pub_to_topic`` publishes nothing twice.
 """
 
 from __future__ import annotations
@@ -34,14 +36,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def enrich(df):
-    text = F.col("body").cast("string")
-    fields = F.from_json(text, "map<string,string>")
-    obj = F.when(fields.isNotNull(), fields).otherwise(F.create_map(F.lit("raw"), text))
-    enriched = F.map_concat(obj, F.create_map(
-        F.lit("source_id"), F.col("id"),
-        F.lit("published_at"), F.date_format("timestamp", "yyyy-MM-dd'T'HH:mm:ss.SSSXXX"),
-        F.lit("attempts"), F.col("attempts").cast("string")))
-    return df.select(F.to_json(enriched).alias("body"))
+    """Each body as a JSON object with ``source_id``, ``published_at`` and ``attempts``
+    added; its own fields keep their JSON values (objects, arrays, numbers) as they were.
+    Every added value comes from the source's columns, which a replay reads unchanged."""
+    text = F.trim(F.col("body").cast("string"))
+    fields = [F.col("id").alias("source_id"),
+              F.date_format("timestamp", "yyyy-MM-dd'T'HH:mm:ss.SSSXXX").alias("published_at"),
+              F.col("attempts")]
+    added = F.to_json(F.struct(*fields))
+    is_object = text.startswith("{") & F.from_json(text, "map<string,string>").isNotNull()
+    # A JSON object's text is kept whole: the added fields go in before its closing brace.
+    inner = F.regexp_replace(text, r"\s*}$", "")
+    body = (F.when(is_object & text.rlike(r"^\{\s*\}$"), added)
+            .when(is_object, F.concat(inner, F.lit(","), F.regexp_replace(added, r"^\{", "")))
+            .otherwise(F.to_json(F.struct(F.col("body").cast("string").alias("raw"),
+                                          *fields))))
+    return df.select(body.alias("body"))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -44,7 +44,12 @@ class PynsqDataSource(DataSource):
         return PynsqStreamReader(self.options)
 
     def writer(self, schema, overwrite: bool):
+        from .options import OptionError
         from .writer import PynsqBatchWriter
+
+        if overwrite:
+            # A topic is a log: there is nothing to overwrite, only messages to add.
+            raise OptionError('the pynsq sink only appends: write with .mode("append")')
 
         return PynsqBatchWriter(self.options, schema)
 

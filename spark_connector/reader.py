@@ -102,11 +102,10 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options) -> None:
         self.options = ReaderOptions.parse(options)
         self._keeper: LeaseKeeper | None = None   # driver side only, made on first use
-        self._target: dict[str, int] | None = None  # availableNow: messages left per broker
 
     def __getstate__(self) -> dict:
         # read() runs in executors from a pickled reader: ship the options only.
-        return {"options": self.options, "_keeper": None, "_target": None}
+        return {"options": self.options, "_keeper": None}
 
     @property
     def keeper(self) -> LeaseKeeper:
@@ -124,7 +123,7 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.options.max_messages_per_trigger)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self.keeper.depths()
+        self.keeper.target = self.keeper.depths()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         keeper = self.keeper
@@ -138,7 +137,7 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         wanted = limit.max_rows if isinstance(limit, ReadMaxRows) else o.max_messages_per_trigger
         max_bytes = (limit.max_bytes if isinstance(limit, ReadMaxBytes)
                      else o.max_bytes_per_trigger)
-        leases = keeper.reserve(batch + 1, wanted, max_bytes, self._target)
+        leases = keeper.reserve(batch + 1, wanted, max_bytes)
         if not leases:
             return start
         return {"batch": batch + 1, "leases": leases}

@@ -44,6 +44,10 @@ class BrokerUnreachable(ConnectionError):
     """A broker named by option ``address`` (or listed by nsqlookupd) did not answer."""
 
 
+class DataLoss(RuntimeError):
+    """Messages a batch planned to read are gone for good (``failOnDataLoss``)."""
+
+
 class _BrokerSession:
     """A client of one broker and the lease session held open on it."""
 
@@ -59,8 +63,12 @@ class _BrokerSession:
         self._closed = closed or threading.Event()
         # Monotonic time of the first unanswered call since the broker last answered.
         self.silent_since: float | None = None
+        # Whether the broker keeps messages across a restart (--data-path): a lease made by
+        # an earlier instance of a memory-only broker took its messages with it.
+        self.durable = True
         try:
             self.client.ping(timeout=options.timeout_ms / 1000)
+            self.durable = self.client.info().durable
             self.open()
         except BrokerUnavailable as err:
             self.client.close()
@@ -191,12 +199,17 @@ class LeaseKeeper:
         self._sessions: dict[str, _BrokerSession] = {}
         self._open: dict[int, dict[str, dict]] = {}  # batch -> leases of its offset
         self._unfinished: dict[str, set[str]] = {}  # address -> leases whose FIN failed
+        self._unfinished_leases: dict[str, dict] = {}  # their offsets' entries, by id
         # Leases this keeper FINed (the last few): Spark's ``commit(end)`` and the next
         # ``latestOffset(start=end)`` name the same batch; its FIN is sent once.
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.RLock()
         self._closed = threading.Event()
         self._turn = 0  # which broker reserve asks first
+        # availableNow: messages per broker still to read of those there at start (None:
+        # another trigger). Messages of a lease lost to a broker restart come back in its
+        # channel and are added back, so the backlog of the start is read in full.
+        self.target: dict[str, int] | None = None
         # address -> the channel's depth the last reserve's answer gave (None: no reserve
         # since the last plan, so no fresh figure): spares a Stats call per trigger.
         self._reserved_depths: dict[str, int] | None = None
@@ -311,12 +324,12 @@ class LeaseKeeper:
             leases = self._open.get(batch)
         return {"batch": batch, "leases": leases} if leases else None
 
-    def reserve(self, batch: int, wanted: int, max_bytes: int,
-                target: dict[str, int] | None) -> dict[str, dict]:
+    def reserve(self, batch: int, wanted: int, max_bytes: int) -> dict[str, dict]:
         """Lease up to ``wanted`` messages (``max_bytes`` of bodies) for ``batch``, spread
         over the brokers: each is offered an equal share first, then what is left."""
         if self._fleet is not None or not self.options.fail_on_data_loss:
             self._connect()
+        target = self.target
         # A broker that left the fleet is not reserved from; its leases are still FINed.
         listed = set(self.brokers())
         addresses = [a for a in self._sessions if a in listed]
@@ -360,8 +373,10 @@ class LeaseKeeper:
         """Hold the leases of a batch planned by an earlier run (a replay).
 
         Returns the ids of leases that are gone for good: adopted with nothing
-        left, or made by a broker instance that since restarted. Their messages
-        are back in the channel for a later batch.
+        left, or made by a broker instance that since restarted. A durable broker
+        has their messages back in the channel for a later batch; a memory-only one
+        lost them: with ``failOnDataLoss`` that raises ``DataLoss`` naming them,
+        without, the replay goes on and the log says how many were lost.
         """
         with self._lock:
             if batch in self._open:
@@ -369,23 +384,53 @@ class LeaseKeeper:
             self._open[batch] = leases
         gone: set[str] = set()
         by_address: dict[str, list[str]] = {}
+        restarted: dict[str, tuple[dict, str]] = {}  # made by an earlier instance
         for lease in leases.values():
             current = self.broker_id(lease["address"])
             if lease.get("broker") and current is not None and lease["broker"] != current:
-                log.warning("replaying batch %d: lease %s was made by broker instance %s, "
-                            "now %s answers at %s (restarted): its messages are back in the "
-                            "channel", batch, lease["lease"], lease["broker"], current,
-                            lease["address"])
-                gone.add(lease["lease"])
-                continue
+                session = self._sessions.get(lease["address"])
+                if session is None or not session.durable:
+                    self._lost_to_restart(batch, lease, current)
+                    gone.add(lease["lease"])
+                    continue
+                # A durable broker keeps its leases across a restart: adopt it there.
+                restarted[lease["lease"]] = (lease, current)
             by_address.setdefault(lease["address"], []).append(lease["lease"])
         adopted = self._each_broker(by_address, lambda s: s.adopt(by_address[s.address]),
                                     "adopting leases")
         for address, (count, missing) in adopted.items():
             log.info("replaying batch %d: adopted %d message(s) of %d lease(s) on %s",
                      batch, count, len(by_address[address]), address)
+            for lease_id in missing:
+                if lease_id in restarted:
+                    self._lost_to_restart(batch, *restarted[lease_id])
             gone.update(missing)
         return gone
+
+    def _lost_to_restart(self, batch: int, lease: dict, current: str) -> None:
+        """``lease`` of ``batch`` was made by an instance of its broker that has since
+        restarted: its messages are back in the channel (durable), or lost."""
+        address, count = lease["address"], int(lease.get("count", 0))
+        session = self._sessions.get(address)
+        if session is not None and not session.durable:
+            what = (f"pynsq source: batch {batch} planned to read {count} message(s) of lease "
+                    f"{lease['lease']} on {address}, but that broker keeps messages in memory "
+                    f"only and has restarted since (instance {lease['broker']}, now {current}): "
+                    f"those {count} message(s) are lost")
+            if self.options.fail_on_data_loss:
+                raise DataLoss(what + ". Set failOnDataLoss=false to go on without them")
+            log.warning("%s; going on without them (failOnDataLoss=false)", what)
+            return
+        log.warning("replaying batch %d: lease %s was made by broker instance %s, now %s "
+                    "answers at %s (restarted): its %d message(s) are back in the channel "
+                    "and a later batch reads them", batch, lease["lease"], lease["broker"],
+                    current, address, count)
+        self._back_in_channel(address, count)
+
+    def _back_in_channel(self, address: str, count: int) -> None:
+        with self._lock:
+            if self.target is not None and count:
+                self.target[address] = self.target.get(address, 0) + count
 
     def finish_through(self, batch: int, offset_leases: dict[str, dict]) -> None:
         """FIN the leases of every batch up to ``batch``, and those the offset names
@@ -402,9 +447,27 @@ class LeaseKeeper:
                     by_address.setdefault(lease["address"], set()).add(lease["lease"])
         # A FIN that does not get through loses nothing: it is kept and sent with the next
         # commit (its messages may be read again meanwhile), so it never fails the query.
+        made_by = {**self._unfinished_leases,
+                   **{lease["lease"]: lease for leases in groups for lease in leases.values()}}
+        self._unfinished_leases = {}
         finished = self._each_broker(
             by_address, lambda s: s.client.finish_leases(sorted(by_address[s.address])), "FIN",
             may_fail_query=False)
+        for address, reply in finished.items():
+            # A lease the broker does not know, made by an instance of it since restarted:
+            # a durable broker has its messages back in the channel (read again).
+            if not reply.missing:
+                continue
+            try:  # a restart ended the session's stream: the new one names the instance
+                self._sessions[address].reconnect(self.held_on(address))
+            except (BrokerUnavailable, ClientError) as err:
+                log.warning("pynsq: reconnecting to %s failed: %s", address, err)
+            current = self.broker_id(address)
+            for lease_id in reply.missing:
+                lease = made_by.get(lease_id)
+                if lease and lease.get("broker") and lease["broker"] != current \
+                        and self._sessions[address].durable:
+                    self._back_in_channel(address, int(lease.get("count", 0)))
         with self._lock:
             for address, ids in by_address.items():
                 if address in finished:
@@ -412,6 +475,7 @@ class LeaseKeeper:
                     self._finished.update(dict.fromkeys(sorted(ids)))
                 elif address in self._sessions:
                     self._unfinished.setdefault(address, set()).update(ids)
+                    self._unfinished_leases.update((i, made_by[i]) for i in ids if i in made_by)
             while len(self._finished) > REMEMBERED_FINS:
                 self._finished.popitem(last=False)
 

@@ -11,7 +11,8 @@
     df.write.format("pynsq").option("address", "127.0.0.1:4170").option("topic", "lines").save()
 
 Input columns: ``body`` (BINARY or STRING, required, never null), ``topic``
-(STRING, optional: overrides the topic option per row, as Kafka's sink does),
+(STRING, optional: routes each row when no topic option is given; the option,
+when given, wins over the column, as in Kafka's sink),
 ``defer_ms`` (integer, optional: DPUB per row), ``ttl_ms`` (integer, optional:
 the row's time to live; 0 or null: the topic's). Each partition publishes its
 rows in MPUB batches of ``batchSize``; nothing is collected to the driver.
@@ -42,7 +43,7 @@ from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrow
 from pyspark.sql.types import BinaryType, IntegralType, StringType, StructType
 
 from broker.client import Client
-
+from broker.names import is_valid_name
 from broker.security.client import SPARK_OPTIONS, ClientSecurity
 
 from .options import (OptionError, _check_unknown, _int, _lower, parse_addresses, require_name,
@@ -78,14 +79,13 @@ class WriterOptions:
         addresses = parse_addresses(given.get("address"))
         if len(addresses) != 1:
             raise OptionError("option address: the pynsq sink publishes to one broker")
-        # A topic column may stand in for the topic option.
-        if TOPIC in schema.names and not given.get("topic"):
-            topic = None
-        else:
-            topic = require_name(given, "topic", "topic")
+        # As Kafka's sink: the topic option, when given, wins over a topic column (a
+        # source's rows carry their own topic, which must not route them back to it);
+        # without the option, the column routes each row.
+        routed = TOPIC in schema.names and not given.get("topic")
+        topic = None if routed else require_name(given, "topic", "topic")
         check_columns(schema, BODY, DEFER if DEFER in schema.names else None,
-                      TOPIC if TOPIC in schema.names else None,
-                      TTL if TTL in schema.names else None)
+                      TOPIC if routed else None, TTL if TTL in schema.names else None)
         producer = given.get("producer", "sink")
         check_producer(producer, "option producer")
         return cls(addresses[0], topic, _int(given, "batchSize", DEFAULT_BATCH_SIZE),
@@ -120,10 +120,12 @@ class PartitionPublisher:
     """Publishes one partition's rows in MPUB batches; runs in an executor."""
 
     def __init__(self, address: str, default_topic: str | None, producer_id: str,
-                 batch_size: int, where: str, security: ClientSecurity | None = None) -> None:
+                 batch_size: int, where: str, security: ClientSecurity | None = None,
+                 topic_column: bool = True) -> None:
         self.client = Client(address, **(security.client_kwargs() if security else {}))
         self.max_size = self.client.info().max_msg_size
         self.default_topic = default_topic
+        self.topic_column = topic_column  # whether a ``topic`` column routes rows
         self.producer_id = producer_id
         self.batch_size = batch_size
         self.where = where
@@ -187,8 +189,8 @@ class PartitionPublisher:
         for batch in batches:
             names = batch.schema.names
             bodies = batch.column(names.index(BODY)).to_pylist()
-            topics = (batch.column(names.index(TOPIC)).to_pylist() if TOPIC in names
-                      else [None] * len(bodies))
+            topics = (batch.column(names.index(TOPIC)).to_pylist()
+                      if TOPIC in names and self.topic_column else [None] * len(bodies))
             defers = (batch.column(names.index(DEFER)).to_pylist() if DEFER in names
                       else [None] * len(bodies))
             ttls = (batch.column(names.index(TTL)).to_pylist() if TTL in names
@@ -199,14 +201,15 @@ class PartitionPublisher:
 
 def publish_partition(address: str, topic: str | None, producer: str, batch_size: int,
                       kind: str, batches: Iterable,
-                      security: ClientSecurity | None = None) -> int:
-    """Publish this task's Arrow batches as producer ``producer:PARTITION``."""
+                      security: ClientSecurity | None = None, topic_column: bool = True) -> int:
+    """Publish this task's Arrow batches as producer ``producer:PARTITION``; a ``topic``
+    column routes rows only if ``topic_column``."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     partition = ctx.partitionId() if ctx else 0
     publisher = PartitionPublisher(address, topic, f"{producer}:{partition}", batch_size,
-                                   f"{kind} partition {partition}", security)
+                                   f"{kind} partition {partition}", security, topic_column)
     try:
         publisher.add_arrow(batches)
         return publisher.finish()
@@ -223,16 +226,20 @@ def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SI
     """A ``foreachBatch`` function publishing each micro-batch to ``topic``.
 
     ``body_column`` (BINARY or STRING) is required; ``defer_column`` gives a
-    per-row defer in milliseconds; ``topic_column`` overrides ``topic`` per row;
-    ``ttl_column`` gives a per-row time to live in milliseconds.
-    Each partition publishes from its executor in MPUB batches of
+    per-row defer in milliseconds; ``topic_column`` routes each row by its value
+    (a null goes to ``topic``); ``ttl_column`` gives a per-row time to live in
+    milliseconds. Each partition publishes from its executor in MPUB batches of
     ``batch_size``. A broker error fails the batch, so Spark retries it; the
     retry publishes nothing already published. ``producer`` names this writer
     for de-duplication (default ``to-<topic>``): give two calls to the same
-    topic in one ``foreachBatch`` different names. ``tls_ca``, ``tls_cert``,
-    ``tls_key`` and ``auth_secret`` are ``broker.Client``'s.
+    topic in one ``foreachBatch`` different names. Under Spark Connect, which
+    does not tell a ``foreachBatch`` function its query, ``producer`` stands for
+    the query (see the README). ``tls_ca``, ``tls_cert``, ``tls_key`` and
+    ``auth_secret`` are ``broker.Client``'s. Bad arguments raise here, before any
+    batch runs.
     """
     parse_addresses(address)
+    check_topic(topic, "topic")
     security = ClientSecurity(tls_ca, tls_cert, tls_key, auth_secret)
     if batch_size < 1:
         raise OptionError(f"batch_size must be at least 1, got {batch_size}")
@@ -241,10 +248,7 @@ def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SI
 
     def publish_batch(df, batch_id: int) -> None:
         check_columns(df.schema, body_column, defer_column, topic_column, ttl_column)
-        # Outside a streaming query there is no replay to recognise: a fresh id per call
-        # (task retries within the call are still de-duplicated).
-        query_id = (df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
-                    or f"call-{uuid.uuid4().hex}")
+        name = _producer_name(df, writer, producer is not None, batch_id)
         columns = [df[body_column].alias(BODY)]
         if topic_column:
             columns.append(df[topic_column].alias(TOPIC))
@@ -256,13 +260,41 @@ def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SI
         def publish(batches: Iterator) -> Iterator:
             import pyarrow as pa
 
-            published = publish_partition(address, topic, f"{query_id}:{writer}:{batch_id}",
-                                          batch_size, f"batch {batch_id}", batches, security)
+            published = publish_partition(address, topic, name, batch_size,
+                                          f"batch {batch_id}", batches, security)
             yield pa.RecordBatch.from_pydict({"published": [published]})
 
         df.select(*columns).mapInArrow(publish, "published LONG").groupBy().sum().collect()
 
     return publish_batch
+
+
+def check_topic(topic: str, what: str) -> None:
+    if not isinstance(topic, str) or not is_valid_name(topic):
+        raise OptionError(f"{what}: invalid topic name {topic!r} (1-64 characters of "
+                          f"[.a-zA-Z0-9_-], optionally ending in #ephemeral)")
+
+
+def _producer_name(df, writer: str, named: bool, batch_id: int) -> str:
+    """The producer id of one ``foreachBatch`` call, before its partition number.
+
+    In a streaming query run by classic Spark: (query id, writer, batch), so a replay
+    of the batch names the same requests. Spark Connect runs ``foreachBatch`` without
+    telling it its query: a ``producer`` given stands for the query (``named:``);
+    without one, and outside any stream, each call is a new producer (only its task
+    retries are de-duplicated).
+    """
+    if type(df).__module__.startswith("pyspark.sql.connect"):
+        # Connect hands ``foreachBatch`` the micro-batch as a cached remote relation.
+        from pyspark.sql.connect.plan import CachedRemoteRelation
+
+        if named and isinstance(getattr(df, "_plan", None), CachedRemoteRelation):
+            return f"named:{writer}:{batch_id}"
+    else:
+        query_id = df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+        if query_id:
+            return f"{query_id}:{writer}:{batch_id}"
+    return f"call-{uuid.uuid4().hex}:{writer}:{batch_id}"
 
 
 class _Count(WriterCommitMessage):
@@ -287,7 +319,7 @@ class PynsqStreamWriter(DataSourceStreamArrowWriter):
         return _Count(publish_partition(o.address, o.topic,
                                         f"{query_id}:{o.producer}:{batch_id}",
                                         o.batch_size, f"batch {batch_id}", iterator,
-                                        o.security))
+                                        o.security, o.topic is None))
 
     def commit(self, messages, batchId: int) -> None:
         pass
@@ -306,4 +338,5 @@ class PynsqBatchWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator) -> WriterCommitMessage:
         o = self.options
         return _Count(publish_partition(o.address, o.topic, f"write-{self.write_id}",
-                                        o.batch_size, "write", iterator, o.security))
+                                        o.batch_size, "write", iterator, o.security,
+                                        o.topic is None))

@@ -144,8 +144,17 @@ def test_a_bad_sink_option_is_refused_naming_it(options, message):
     (schema(body=BinaryType(), ttl_ms=StringType()), "ttl column 'ttl_ms' must"),
 ])
 def test_a_missing_or_mistyped_column_is_refused_naming_it(columns, message):
+    # A topic column is read (and checked) only when no topic option is given.
+    options = {"address": "h:1"} if "topic" in columns.names else {"address": "h:1", "topic": "t"}
     with pytest.raises(PublishError, match=message):
-        WriterOptions.parse({"address": "h:1", "topic": "t"}, columns)
+        WriterOptions.parse(options, columns)
+
+
+def test_the_sinks_topic_option_wins_over_a_topic_column():
+    given = WriterOptions.parse({"address": "h:1", "topic": "out"},
+                                schema(body=BinaryType(), topic=StringType()))
+    routed = WriterOptions.parse({"address": "h:1"}, schema(body=BinaryType(), topic=StringType()))
+    assert (given.topic, routed.topic) == ("out", None)
 
 
 def test_columns_of_the_right_types_are_accepted():

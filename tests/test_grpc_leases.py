@@ -138,10 +138,11 @@ def test_a_session_that_cannot_be_resumed_is_opened_anew(client):
         fresh.close()
 
 
-def test_fetching_a_lease_from_another_broker_instance_fails_loudly(client, session, published):
+def test_fetching_a_lease_unknown_here_from_another_broker_instance_fails_loudly(
+        client, session, published):
     lease = reserve(client, session[0])
     with pytest.raises(WrongBroker, match="another broker, or this one restarted"):
-        fetch(client, lease.lease_id, broker_id="0123456789abcdef")
+        fetch(client, "f" * 24, broker_id="0123456789abcdef")
     assert len(fetch(client, lease.lease_id, broker_id=session[1].broker_id)) == 6
 
 

@@ -44,7 +44,7 @@ def test_each_broker_is_offered_an_equal_share_first_then_what_the_others_left(t
     keeper, (a, b), (client_a, client_b) = two
     client_b.admin("channel", "empty", "events", "spark")
     client_b.multi_publish("events", [b"x"] * 10)
-    leases = keeper.reserve(1, 60, 1 << 20, None)
+    leases = keeper.reserve(1, 60, 1 << 20)
     assert per_broker(leases) == {a: 50, b: 10}
     assert sum(lease["count"] for lease in leases.values()) == 60
     assert sorted(leases) == [str(i) for i in range(len(leases))]
@@ -54,15 +54,15 @@ def test_the_last_message_left_to_reserve_is_taken_too(two):
     keeper, (a, b), (_, client_b) = two
     client_b.admin("channel", "empty", "events", "spark")
     client_b.publish("events", b"x")
-    leases = keeper.reserve(1, 5, 1 << 20, None)          # b first: 1 of its share of 3
+    leases = keeper.reserve(1, 5, 1 << 20)          # b first: 1 of its share of 3
     assert per_broker(leases) == {a: 4, b: 1}
 
 
 def test_the_broker_asked_first_turns_with_each_batch(two):
     keeper, (a, b), _ = two
-    first = keeper.reserve(1, 5, 1 << 20, None)
-    second = keeper.reserve(2, 5, 1 << 20, None)
-    third = keeper.reserve(3, 5, 1 << 20, None)
+    first = keeper.reserve(1, 5, 1 << 20)
+    second = keeper.reserve(2, 5, 1 << 20)
+    third = keeper.reserve(3, 5, 1 << 20)
     assert [(lease["address"], lease["count"]) for lease in first.values()] == [(b, 3), (a, 2)]
     assert [(lease["address"], lease["count"]) for lease in second.values()] == [(a, 3), (b, 2)]
     assert [(lease["address"], lease["count"]) for lease in third.values()] == [(b, 3), (a, 2)]
@@ -70,19 +70,19 @@ def test_the_broker_asked_first_turns_with_each_batch(two):
 
 def test_the_byte_limit_is_shared_like_the_message_limit(two):
     keeper, (a, b), (_, client_b) = two
-    leases = keeper.reserve(1, 1000, 100, None)        # 10 messages of 10 bytes
+    leases = keeper.reserve(1, 1000, 100)        # 10 messages of 10 bytes
     assert per_broker(leases) == {a: 5, b: 5}
     client_b.admin("channel", "empty", "events", "spark")
-    assert per_broker(keeper.reserve(2, 1000, 100, None)) == {a: 10}
+    assert per_broker(keeper.reserve(2, 1000, 100)) == {a: 10}
 
 
 def test_available_now_reads_no_more_than_each_broker_held_at_start(two):
     keeper, (a, b), (client_a, _) = two
-    target = {a: 7, b: 0}
+    keeper.target = target = {a: 7, b: 0}
     client_a.multi_publish("events", [b"later"] * 5)  # published after the start
-    leases = keeper.reserve(1, 1000, 1 << 20, target)
+    leases = keeper.reserve(1, 1000, 1 << 20)
     assert per_broker(leases) == {a: 7} and target == {a: 0, b: 0}
-    assert keeper.reserve(2, 1000, 1 << 20, target) == {}
+    assert keeper.reserve(2, 1000, 1 << 20) == {}
     assert keeper.planned(2) is None
 
 
@@ -91,9 +91,9 @@ def test_a_commit_fins_every_batch_up_to_it_and_leaves_later_ones_held(broker, c
     client.multi_publish("events", [b"m"] * 30)
     keeper = LeaseKeeper(options(broker.address))
     try:
-        first = keeper.reserve(1, 10, 1 << 20, None)
-        second = keeper.reserve(2, 10, 1 << 20, None)
-        keeper.reserve(3, 10, 1 << 20, None)
+        first = keeper.reserve(1, 10, 1 << 20)
+        second = keeper.reserve(2, 10, 1 << 20)
+        keeper.reserve(3, 10, 1 << 20)
         assert keeper.planned(1) == {"batch": 1, "leases": first}
         keeper.finish_through(2, second)
         stats = channel_stats(client, "events", "spark")
@@ -111,7 +111,7 @@ def test_a_commit_fins_the_leases_its_offset_names_even_if_this_run_did_not_plan
     client.create_channel("events", "spark")
     client.multi_publish("events", [b"m"] * 10)
     planner = LeaseKeeper(options(broker.address))
-    leases = planner.reserve(1, 10, 1 << 20, None)
+    leases = planner.reserve(1, 10, 1 << 20)
     restarted = LeaseKeeper(options(broker.address))
     try:
         restarted.finish_through(1, leases)           # the offset from the checkpoint

@@ -61,7 +61,7 @@ def test_a_task_whose_lease_is_gone_fails_instead_of_reading_nothing(broker, cli
     keeper = LeaseKeeper(keeper_options(broker.address))
     try:
         keeper.ensure_channel()
-        lease = keeper.reserve(1, 100, 1 << 20, None)["0"]
+        lease = keeper.reserve(1, 100, 1 << 20)["0"]
         assert set(rows(a_slice(lease))) == published
         client.requeue_leases([lease["lease"]])
         with pytest.raises(LeaseLost, match=f"lease {lease['lease']} on .* is gone"):
@@ -76,7 +76,7 @@ def test_a_slice_fetched_from_another_broker_instance_fails_loudly(broker, clien
     keeper = LeaseKeeper(keeper_options(broker.address))
     try:
         keeper.ensure_channel()
-        lease = keeper.reserve(1, 100, 1 << 20, None)["0"]
+        lease = keeper.reserve(1, 100, 1 << 20)["0"]
         lease["broker"] = "0123456789abcdef"  # as if another instance made it
         with pytest.raises(LeaseLost, match="another broker, or this one restarted"):
             rows(a_slice(lease, fail_on_data_loss=False))
@@ -90,7 +90,7 @@ def test_a_cut_lease_session_is_resumed_and_its_lease_still_read(broker, client)
         keeper = LeaseKeeper(keeper_options(proxy.address, msgTimeoutMs="2000"))
         try:
             keeper.ensure_channel()
-            leases = keeper.reserve(1, 100, 1 << 20, None)
+            leases = keeper.reserve(1, 100, 1 << 20)
             session = keeper._sessions[proxy.address]
             first_id = session.session.session_id
             old_stream = session.session
@@ -117,7 +117,7 @@ def test_without_fail_on_data_loss_the_other_brokers_are_read(broker, client):
     keeper = LeaseKeeper(keeper_options("127.0.0.1:1", broker.address, failOnDataLoss="false"))
     try:
         keeper.ensure_channel()
-        leases = keeper.reserve(1, 100, 1 << 20, None)
+        leases = keeper.reserve(1, 100, 1 << 20)
         assert [lease["address"] for lease in leases.values()] == [broker.address]
         assert set(rows(a_slice(leases["0"]))) == published
     finally:
@@ -130,7 +130,7 @@ def reserve_in_a_thread(keeper: LeaseKeeper) -> tuple[threading.Thread, dict]:
 
     def run() -> None:
         try:
-            outcome["leases"] = keeper.reserve(1, 100, 1 << 20, None)
+            outcome["leases"] = keeper.reserve(1, 100, 1 << 20)
         except Exception as err:  # noqa: BLE001 - the test asserts on it
             outcome["error"] = err
 
@@ -181,10 +181,10 @@ def test_a_broker_silent_longer_than_reconnect_timeout_is_unreachable(fail_on_da
         if fail_on_data_loss == "true":
             with pytest.raises(BrokerUnreachable, match=f"{address} \\(option address\\), "
                                "silent for longer than reconnectTimeoutMs \\(300 ms\\)"):
-                keeper.reserve(1, 100, 1 << 20, None)
+                keeper.reserve(1, 100, 1 << 20)
         else:  # the query goes on without it, and its next call does not wait again
-            assert keeper.reserve(1, 100, 1 << 20, None) == {}
-            assert keeper.reserve(2, 100, 1 << 20, None) == {}
+            assert keeper.reserve(1, 100, 1 << 20) == {}
+            assert keeper.reserve(2, 100, 1 << 20) == {}
     finally:
         keeper.close()
 
@@ -198,7 +198,7 @@ def test_reserve_spreads_the_read_limit_over_the_brokers(broker, client):
         keeper = LeaseKeeper(keeper_options(broker.address, other.address))
         try:
             keeper.ensure_channel()
-            leases = keeper.reserve(1, 60, 1 << 30, None)
+            leases = keeper.reserve(1, 60, 1 << 30)
             assert sorted(lease["count"] for lease in leases.values()) == [30, 30]
         finally:
             keeper.close()
@@ -229,7 +229,7 @@ def test_an_offset_names_each_lease_with_its_address_count_and_broker_instance(b
     keeper = LeaseKeeper(keeper_options(broker.address))
     try:
         keeper.ensure_channel()
-        leases = keeper.reserve(1, 100, 1 << 20, None)
+        leases = keeper.reserve(1, 100, 1 << 20)
         session = keeper._sessions[broker.address]
         assert leases == {"0": {"address": broker.address, "lease": leases["0"]["lease"],
                                 "count": 7, "broker": session.broker_id}}
@@ -243,6 +243,6 @@ def test_max_bytes_per_trigger_bounds_a_batch(broker, client):
     keeper = LeaseKeeper(keeper_options(broker.address))
     try:
         keeper.ensure_channel()
-        assert keeper.reserve(1, 100, 3500, None)["0"]["count"] == 3
+        assert keeper.reserve(1, 100, 3500)["0"]["count"] == 3
     finally:
         keeper.close()

@@ -567,7 +567,8 @@ class BrokerService(pb_grpc.BrokerServicer):
                                start_time=self.broker.start_time, max_msg_size=o.max_msg_size,
                                max_rdy_count=o.max_rdy_count, msg_timeout_ms=o.msg_timeout,
                                max_msg_timeout_ms=o.max_msg_timeout,
-                               max_req_timeout_ms=o.max_req_timeout)
+                               max_req_timeout_ms=o.max_req_timeout,
+                               durable=bool(o.data_path))
 
     # -- leases -----------------------------------------------------------
     async def OpenLeaseSession(self, request, context):
@@ -613,12 +614,13 @@ class BrokerService(pb_grpc.BrokerServicer):
             await abort(context, InvalidRequest(f"partition {request.partition} out of range "
                                                 f"for {n} partition(s)"))
         try:
-            msgs = self.broker.lease(request.lease_id, request.broker_id).slice(
-                request.partition, n)
+            lease = self.broker.lease(request.lease_id, request.broker_id)
+            msgs = lease.slice(request.partition, n)
         except BrokerError as err:
             await abort(context, err)
         # One bounded frame at a time: encoding is on the loop, so yield between frames.
-        for frame in columns.frames(msgs, LEASE_FRAME_MESSAGES, LEASE_FRAME_BYTES):
+        for frame in columns.frames(msgs, LEASE_FRAME_MESSAGES, LEASE_FRAME_BYTES,
+                                    lease.attempts_of(msgs)):
             yield frame
 
     async def _leases(self, context, action, request: pb.LeaseRequest) -> pb.LeaseResponse:
