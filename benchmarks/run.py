@@ -3,9 +3,10 @@
     python -m benchmarks.run [--quick] [--json benchmarks/results/latest.json]
 
 Each row: a figure, the baseline measured in the same run, their ratio, and the
-goal. Machines are shared and noisy: compare ratios, not absolute figures.
-``--quick`` runs reduced sizes in about a minute (the test suite runs it to
-keep this working; it never asserts a speed).
+goal, marked ``met`` or ``MISSED``. Rows print as they are measured (a line
+naming each stage first); a summary line counts the goals met. Machines are
+shared and noisy: compare ratios, not absolute figures. ``--quick`` runs reduced
+sizes (the test suite runs it to keep this working; it never asserts a speed).
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 from . import durability, grpc_throughput, nsq_bench, scaling, tcp_throughput, tls_throughput
 
@@ -29,10 +32,28 @@ QUICK = {"grpc": 20_000, "tcp": 40_000, "spark": 50_000, "writers": 20_000,
          "scaling": 5_000, "tls": 20_000}
 
 
+GOAL = re.compile(r"^(ratio )?(>=|<=) ([\d.]+)")
+
+
 def row(name: str, value: float, unit: str, baseline: float | None, goal: str) -> dict:
     ratio = round(value / baseline, 3) if baseline else None
-    return {"figure": name, "value": value, "unit": unit, "baseline": baseline,
-            "ratio": ratio, "goal": goal}
+    r = {"figure": name, "value": value, "unit": unit, "baseline": baseline,
+         "ratio": ratio, "goal": goal}
+    r["met"] = goal_met(r)
+    return r
+
+
+def goal_met(r: dict) -> bool | None:
+    """Whether the row meets the goal its ``goal`` opens with (``ratio >= 0.8``,
+    ``<= 5 ms``); None for a row without one (a reference, a note)."""
+    m = GOAL.match(r["goal"])
+    if not m:
+        return None
+    measured = r["ratio"] if m.group(1) else r["value"]
+    if measured is None:
+        return None
+    bound = float(m.group(3))
+    return measured >= bound if m.group(2) == ">=" else measured <= bound
 
 
 def spark_rows(sizes: dict) -> list[dict]:
@@ -115,12 +136,13 @@ def tls_rows(sizes: dict) -> list[dict]:
                               ("TCP V2 consume RDY 2500 + FIN", "tcp_consume"))]
 
 
-def collect(quick: bool) -> list[dict]:
+def collect(quick: bool) -> Iterator[dict]:
+    """Every row, each yielded as soon as it is measured (``stage`` lines between)."""
     sizes = QUICK if quick else FULL
+    stage("gRPC throughput and latency, TCP V2 throughput")
     g = grpc_throughput.run(sizes["grpc"], sizes["latency"])
     t = tcp_throughput.run(sizes["tcp"])
-    d = durability.run(sizes["durable"], sizes["queued"], sizes["durable_rounds"])
-    rows = [
+    yield from [
         row("gRPC MPUB 100x100B", g["pynsqd"]["publish_msgs_per_s"], "msgs/s",
             g["raw_grpc"]["publish_msgs_per_s"], "ratio >= 0.5 (÷ raw grpc.aio)"),
         row("gRPC consume RDY 1000 + FIN", g["pynsqd"]["consume_msgs_per_s"], "msgs/s",
@@ -129,10 +151,15 @@ def collect(quick: bool) -> list[dict]:
             t["raw_asyncio"]["publish_msgs_per_s"], "÷ raw asyncio socket; nsqd ~390k"),
         row("TCP V2 consume RDY 2500 + FIN", t["pynsqd"]["consume_msgs_per_s"], "msgs/s",
             t["raw_asyncio"]["consume_msgs_per_s"], "÷ raw asyncio socket; nsqd ~340k"),
-        *spark_rows(sizes),
         row("latency p50 publish->deliver @1k/s", g["latency"]["p50_ms"], "ms", None, ""),
         row("latency p99 publish->deliver @1k/s", g["latency"]["p99_ms"], "ms", None,
             "<= 5 ms"),
+    ]
+    stage("Spark source and writers")
+    yield from spark_rows(sizes)
+    stage("durability: memory held, restart, durable ÷ memory-only")
+    d = durability.run(sizes["durable"], sizes["queued"], sizes["durable_rounds"])
+    yield from [
         row(f"broker RSS, {sizes['queued']:,} x 100B queued (durable)", d["rss_mb_with_queued"],
             "MB", None, "<= 200 MB (for 1M)"),
         *[row(f"broker RSS, {sizes['queued']:,} x 100B in a {shape}", rss, "MB", None,
@@ -146,35 +173,57 @@ def collect(quick: bool) -> list[dict]:
               f"ratio >= {goal}; CPU us/msg {d['durable'][f'{kind}_cpu_us_per_msg']:.2f} vs "
               f"{d['memory'][f'{kind}_cpu_us_per_msg']:.2f} (medians of {d['rounds']})")
           for kind, goal in (("publish", "0.9"), ("consume", "0.8"))],
-        *nsq_rows(sizes),
-        *scaling_rows(sizes),
-        *tls_rows(sizes),
     ]
-    return rows
+    stage("NSQ's bench_writer and bench_reader against nsqd and pynsqd")
+    yield from nsq_rows(sizes)
+    stage("scaling with channels, topics and consumers")
+    yield from scaling_rows(sizes)
+    stage("TLS ÷ plain text")
+    yield from tls_rows(sizes)
+
+
+def stage(what: str) -> None:
+    print(f"# {what} ...", flush=True)
+
+
+COLUMNS = f"{'figure':<56} {'value':>12} {'unit':<7} {'baseline':>12} {'ratio':>7}  {'':<6}  goal"
+
+
+def table_row(r: dict) -> str:
+    """One row as the table prints it; the mark says whether its goal was met."""
+    baseline = "" if r["baseline"] is None else f"{r['baseline']:,.0f}"
+    ratio = "" if r["ratio"] is None else f"{r['ratio']:.3f}"
+    value = f"{r['value']:,.3f}" if r["unit"] in ("ms", "MB") else f"{r['value']:,.0f}"
+    mark = {True: "met", False: "MISSED", None: ""}[r.get("met")]
+    return (f"{r['figure']:<56} {value:>12} {r['unit']:<7} {baseline:>12} {ratio:>7}  "
+            f"{mark:<6}  {r['goal']}").rstrip()
 
 
 def table(rows: list[dict]) -> str:
-    head = f"{'figure':<44} {'value':>12} {'unit':<7} {'baseline':>12} {'ratio':>7}  goal"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        baseline = "" if r["baseline"] is None else f"{r['baseline']:,.0f}"
-        ratio = "" if r["ratio"] is None else f"{r['ratio']:.3f}"
-        value = f"{r['value']:,.3f}" if r["unit"] in ("ms", "MB") else f"{r['value']:,.0f}"
-        lines.append(f"{r['figure']:<44} {value:>12} {r['unit']:<7} {baseline:>12} "
-                     f"{ratio:>7}  {r['goal']}")
-    return "\n".join(lines)
+    return "\n".join([COLUMNS, "-" * len(COLUMNS), *map(table_row, rows)])
+
+
+def summary(rows: list[dict]) -> str:
+    goals = [r for r in rows if r.get("met") is not None]
+    missed = [r["figure"] for r in goals if not r["met"]]
+    line = f"{len(goals) - len(missed)} of {len(goals)} goals met"
+    return line + (f"; missed: {', '.join(missed)}" if missed else "")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="reduced sizes, about a minute")
+    parser.add_argument("--quick", action="store_true", help="reduced sizes")
     parser.add_argument("--json", default="benchmarks/results/latest.json",
                         help="where to write the table as JSON")
     args = parser.parse_args()
     started = time.perf_counter()
-    rows = collect(args.quick)
-    print(table(rows))
-    print(f"\n({'quick' if args.quick else 'full'} run, {time.perf_counter() - started:.0f}s)")
+    print(COLUMNS, flush=True)
+    rows = []
+    for r in collect(args.quick):
+        rows.append(r)
+        print(table_row(r), flush=True)
+    print(f"\n{summary(rows)} ({'quick' if args.quick else 'full'} run, "
+          f"{time.perf_counter() - started:.0f}s)")
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"quick": args.quick, "rows": rows}, indent=2))

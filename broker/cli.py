@@ -17,17 +17,62 @@ import os
 import secrets
 import sys
 
-from .client import Client, ClientError
-from .options import DEFAULT_GRPC_ADDRESS, parse_duration_ms
+from . import __version__
+from .client import Client, ClientError, check_address
+from .options import DEFAULT_GRPC_ADDRESS, parse_duration_ms, suggest
 
 ADMIN_ACTIONS = ("create", "delete", "empty", "pause", "unpause")
 PUB_BATCH = 500
+MAX_ATTEMPTS = 65535        # NSQ's attempts field is 16 bits
+MAX_DEFER_MS = 2**32 - 1    # the wire's field; the broker refuses past --max-req-timeout
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage and value errors in one line, ``PROG: what was wrong (PROG --help)``,
+    with exit code 2; an unknown option gets the closest known one suggested."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        if message.startswith("unrecognized arguments:"):
+            first = message.split(":", 1)[1].split()[0]
+            message += suggest(first.split("=")[0], self._all_flags())
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def _all_flags(self) -> list[str]:
+        flags: list[str] = []
+        for action in self._actions:
+            flags += [f for f in action.option_strings if f.startswith("--")]
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    flags += sub._all_flags()
+        return flags
+
+
+def bounded_int(low: int, high: int):
+    """An argparse type: a whole number from ``low`` to ``high``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {low} to {high}, got {value}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+def _address(text: str) -> str:
+    try:
+        return check_address(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pynsq", description="pynsq command-line client")
-    parser.add_argument("--address", default=DEFAULT_GRPC_ADDRESS,
-                        help=f"broker gRPC address host:port (default {DEFAULT_GRPC_ADDRESS})")
+    parser = OneLineParser(prog="pynsq", description="pynsq command-line client")
+    parser.add_argument("--version", action="version", version=f"pynsq {__version__}")
+    parser.add_argument("--address", default=DEFAULT_GRPC_ADDRESS, type=_address,
+                        help=f"broker gRPC address host:port (default: {DEFAULT_GRPC_ADDRESS})")
     # -- on a network: TLS and NSQ's auth --
     parser.add_argument("--tls-ca", help="CA certificate that signed the broker's "
                         "(turns TLS on)")
@@ -40,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     pub = sub.add_parser("pub", help="publish BODY, or one message per line of stdin")
     pub.add_argument("topic")
     pub.add_argument("body", nargs="?")
-    pub.add_argument("--defer-ms", type=int, default=0, help="deliver no earlier than this")
+    pub.add_argument("--defer-ms", type=bounded_int(0, MAX_DEFER_MS), default=0,
+                     help="deliver no earlier than this many milliseconds from now")
     pub.add_argument("--ttl", type=_duration, default=0,
                      help="never deliver after this long, e.g. 60s (default: the topic's)")
 
@@ -48,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("topic")
     tail.add_argument("--channel", help="channel to read (default: a new ephemeral channel, "
                       "so that each tail sees every message, as nsq_tail does)")
-    tail.add_argument("-n", type=int, default=0, help="stop after N messages (0: never)")
+    tail.add_argument("-n", type=bounded_int(0, 2**63 - 1), default=0,
+                      help="stop after N messages (0: never)")
 
     stats = sub.add_parser("stats", help="print topics and channels with their counts")
     stats.add_argument("--topic", default="")
@@ -64,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     channel.add_argument("action", choices=ADMIN_ACTIONS)
     channel.add_argument("topic")
     channel.add_argument("channel")
-    channel.add_argument("--max-attempts", type=int, default=None,
+    channel.add_argument("--max-attempts", type=bounded_int(0, MAX_ATTEMPTS), default=None,
                          help="create: deliveries after which a message goes to the "
                               "dead-letter topic (0: never)")
     channel.add_argument("--dead-letter-topic", default="",
@@ -87,7 +134,7 @@ def cmd_admin(client: Client, args: argparse.Namespace) -> int:
     given = {k: v for k, v in settings.items() if v not in (None, "")}
     if given and args.action != "create":
         options = ", ".join("--" + k.replace("_ms", "").replace("_", "-") for k in given)
-        raise SystemExit(f"pynsq {args.command} {args.action}: {options} only go with create")
+        raise UsageError(f"{options} only go with create")
     if args.action == "create" and args.command == "topic":
         client.create_topic(args.topic, ttl_ms=args.ttl)
     elif args.action == "create":
@@ -103,7 +150,7 @@ def cmd_pub(client: Client, args: argparse.Namespace) -> int:
         client.publish(args.topic, args.body.encode(), defer_ms=args.defer_ms, ttl_ms=args.ttl)
         return 0
     if args.defer_ms:
-        raise SystemExit("pynsq pub: --defer-ms needs a BODY argument")
+        raise UsageError("--defer-ms needs a BODY argument")
     ttls = [args.ttl] if args.ttl else []
     batch: list[bytes] = []
     for line in sys.stdin.buffer:
@@ -119,8 +166,6 @@ def cmd_pub(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_tail(client: Client, args: argparse.Namespace) -> int:
-    if args.n < 0:
-        raise SystemExit("pynsq tail: -n must not be negative")
     count = 0
     out = sys.stdout.buffer
     channel = args.channel or f"tail{secrets.randbelow(10**6):06d}#ephemeral"
@@ -154,6 +199,10 @@ def cmd_stats(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+class UsageError(Exception):
+    """Options that do not go together: reported in one line, exit code 2."""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     client = Client(args.address, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
@@ -166,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "stats":
             return cmd_stats(client, args)
         return cmd_admin(client, args)
+    except UsageError as err:
+        print(f"pynsq {args.command}: {err} (see pynsq {args.command} --help)", file=sys.stderr)
+        return 2
     except ClientError as err:
         print(f"pynsq {args.command}: {err}", file=sys.stderr)
         return 1

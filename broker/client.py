@@ -61,10 +61,32 @@ def _client_kind(kind: type[BrokerError]) -> type[ClientError]:
     return cls
 
 
+def check_address(address: str) -> str:
+    """``address`` if it is ``host:port``; a ``ValueError`` saying what to write
+    otherwise (gRPC would try port 443 for a bare host)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or host.endswith(":") or not port.isdigit() \
+            or not 0 < int(port) < 65536:
+        raise ValueError(f"address {address!r}: expected host:port of pynsqd's gRPC API "
+                         f"(its default port is 4170, e.g. {address.rstrip(':') or 'localhost'}"
+                         f":4170)")
+    return address
+
+
+# What gRPC says when the port speaks another protocol (nsqd's TCP or HTTP, say).
+_PROTOCOL_MISMATCH = ("Failed parsing HTTP/2", "Trying to connect an http1.x server",
+                      "Connection reset by peer", "Socket closed")
+
+
 def _translate(err: grpc.RpcError, address: str) -> ClientError:
     status = err.code()
     if status in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return BrokerUnavailable(status, f"cannot reach the broker at {address}: {err.details()}")
+        details = err.details() or status.name
+        hint = ""
+        if any(sign in details for sign in _PROTOCOL_MISMATCH):
+            hint = (" (is this pynsqd's gRPC port? pynsqd serves gRPC on 4170 by default; "
+                    "4150 is NSQ's TCP protocol and 4151 its HTTP API)")
+        return BrokerUnavailable(status, f"cannot reach the broker at {address}: {details}{hint}")
     message = err.details() or status.name
     metadata = getattr(err, "trailing_metadata", lambda: None)() or ()
     code = next((v for k, v in metadata if k == ERROR_CODE_METADATA), "")
@@ -95,7 +117,7 @@ class Client:
                  tls_key: str | None = None, auth_secret: str | None = None) -> None:
         """TLS when ``tls_ca`` (the CA that signed the broker's certificate) is given;
         ``tls_cert``/``tls_key`` for mutual TLS; ``auth_secret`` for NSQ's auth."""
-        self.address = address
+        self.address = check_address(address)
         self.timeout = timeout
         self._channel = open_channel(address, tls_ca=tls_ca, tls_cert=tls_cert,
                                      tls_key=tls_key, auth_secret=auth_secret)

@@ -4,8 +4,8 @@
     pynsqd --config conf/pynsqd.toml          # options from TOML
     pynsqd --msg-timeout 30s --max-rdy-count 5000
 
-Flags override the file, which overrides the defaults. SIGINT or SIGTERM stops
-it cleanly.
+Flags override the file, which overrides the defaults; nsqd's single-dash form
+(``-tcp-address=...``) is accepted too. SIGINT or SIGTERM stops it cleanly.
 """
 
 from __future__ import annotations
@@ -14,32 +14,51 @@ import argparse
 import asyncio
 import gc
 import logging
+import re
 import resource
 import signal
 import sys
 
 from . import __version__
 from .app import BrokerApp, new_event_loop
-from .options import Options, option_flag, option_help
+from .cli import OneLineParser
+from .options import Options, format_duration, option_flag, option_help
 from .security.tls import exposure_warnings
 from .storage import DataPathLocked
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="pynsqd", description="pynsq broker daemon (NSQ's model, served over gRPC)")
     parser.add_argument("--config", metavar="FILE", help="TOML file of options")
     parser.add_argument("--version", action="version", version=f"pynsqd {__version__}")
     for name, (default, help_text, is_duration) in option_help().items():
-        shown = f"{default}ms" if is_duration else default
+        help_text = help_text.replace("%", "%%")
         if isinstance(default, tuple):  # repeatable, one value per flag (--auth-http-address)
             parser.add_argument(option_flag(name), dest=name, default=None, action="append",
-                                help=f"{help_text} (default: none)".replace("%", "%%"))
+                                help=help_text)
             continue
+        if isinstance(default, bool):  # Go's: --flag, --flag=true, --flag=false
+            parser.add_argument(option_flag(name), dest=name, default=None, nargs="?",
+                                const="true", metavar="true|false",
+                                help=f"{help_text} (default: {str(default).lower()})")
+            continue
+        shown = format_duration(default) if is_duration else default
+        if shown not in ("", None) and f"({shown}:" not in help_text:
+            help_text += f" (default: {shown})".replace("%", "%%")
+        metavar = ("DURATION" if is_duration else "HOST:PORT" if name.endswith("_address")
+                   else "N" if isinstance(default, int) else None)
         parser.add_argument(option_flag(name), dest=name, default=None,
                             type=str if is_duration or isinstance(default, str) else int,
-                            help=f"{help_text} (default: {shown!r})".replace("%", "%%"))
+                            metavar=metavar, help=help_text)
     return parser
+
+
+def go_flags(argv: list[str]) -> list[str]:
+    """nsqd's flags as Go writes them, ``-tcp-address=x`` or ``-tcp-address x``, in
+    the double-dash form argparse reads (``-h`` stays as it is)."""
+    return [f"-{arg}" if re.match(r"^-[a-z][a-z0-9]*-?[a-z0-9-]+(=|$)", arg) else arg
+            for arg in argv]
 
 
 def options_from_args(args: argparse.Namespace) -> Options:
@@ -96,13 +115,14 @@ async def serve(options: Options) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(go_flags(sys.argv[1:] if argv is None else argv))
     try:
         options = options_from_args(args)
     except (ValueError, TypeError, OSError) as err:
         parser.error(str(err))
     logging.basicConfig(level=options.log_level.upper(), stream=sys.stderr,
-                        format="[pynsqd] %(asctime)s %(levelname)s: %(message)s")
+                        format=options.log_prefix.replace("%", "%%")
+                        + "%(asctime)s %(levelname)s: %(message)s")
     logging.getLogger("pynsqd").info("open-file limit: %d", raise_open_file_limit())
     tune_garbage_collector()
     try:

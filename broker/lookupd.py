@@ -229,8 +229,10 @@ class LookupdRegistration:
 
     def peer_info(self) -> dict:
         return {"broadcast_address": self.broadcast_address, "hostname": socket.gethostname(),
-                "tcp_port": _port(self.addresses.get("tcp", "")),
-                "http_port": _port(self.addresses.get("http", "")),
+                "tcp_port": (self.broker.options.broadcast_tcp_port
+                             or _port(self.addresses.get("tcp", ""))),
+                "http_port": (self.broker.options.broadcast_http_port
+                              or _port(self.addresses.get("http", ""))),
                 "version": __version__}
 
     def start(self) -> None:

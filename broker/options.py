@@ -3,13 +3,17 @@
 Names and defaults follow nsqd's where they apply. An option can come from its
 default, from a TOML file (``--config``; keys use underscores, as nsqd's config
 does), or from a command-line flag (dashes), each overriding the one before.
-Durations are milliseconds in code and accept ``"60s"``, ``"15m"``, ``"1h"``,
-``"500ms"`` or a bare number of milliseconds in files and flags.
+Durations are milliseconds in code; in flags and files they are written as Go's
+(and so nsqd's) ``time.ParseDuration`` reads them: a number and a unit, such as
+``"60s"``, ``"1m30s"``, ``"1.5h"``, ``"500ms"`` or ``"300us"`` (a TOML integer is
+milliseconds, as nsqd's config loader reads it). A bare number in a flag is
+refused, as nsqd refuses it: ``--msg-timeout 30`` is not 30 ms.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import socket
 import tomllib
@@ -23,28 +27,63 @@ DEFAULT_TCP_ADDRESS = "127.0.0.1:4150"
 DEFAULT_HTTP_ADDRESS = "127.0.0.1:4151"
 EVENT_LOOPS = ("asyncio", "uvloop", "auto")
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, None: 1}
+_UNIT_MS = {"ns": 1e-6, "us": 1e-3, "\u00b5s": 1e-3, "\u03bcs": 1e-3, "ms": 1, "s": 1000,
+            "m": 60_000, "h": 3_600_000}
+_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
+_UNIT = "|".join(sorted(_UNIT_MS, key=len, reverse=True))
+_GO_DURATION = re.compile(rf"(?:{_NUMBER}(?:{_UNIT}))+")
+_GO_PART = re.compile(rf"({_NUMBER})({_UNIT})")
 
 
-def parse_duration_ms(value: str | int | float, *, name: str = "duration") -> int:
-    """``"60s"`` -> 60000. A bare number is milliseconds."""
+def parse_duration_ms(value: str | int | float, *, name: str = "duration",
+                      bare_ms: bool = False) -> int:
+    """``"60s"`` -> 60000, ``"1m30s"`` -> 90000, as Go's ``time.ParseDuration``
+    reads it (``ns``, ``us``, ``ms``, ``s``, ``m``, ``h``; ``"0"`` alone needs no
+    unit), rounded to the millisecond. A number (in code, or an integer in TOML) is
+    milliseconds; a string without a unit is refused unless ``bare_ms``."""
     if isinstance(value, bool):
         raise ValueError(f"{name}: expected a duration such as '60s', got {value!r}")
     if isinstance(value, (int, float)):
         return int(value)
-    match = _DURATION.match(value)
-    if not match:
-        raise ValueError(f"{name}: expected a duration such as '60s' or '500ms', got {value!r}")
-    return int(float(match.group(1)) * _UNIT_MS[match.group(2)])
+    text = value.strip()
+    if text == "0" or (bare_ms and text.isdigit()):
+        return int(text)
+    if not _GO_DURATION.fullmatch(text):
+        hint = (f" (a unit is required: '{text}s' or '{text}ms'?)"
+                if re.fullmatch(_NUMBER, text) else "")
+        raise ValueError(f"{name}: expected a duration such as '60s', '1m30s' or '500ms', "
+                         f"got {value!r}{hint}")
+    return round(sum(float(n) * _UNIT_MS[u] for n, u in _GO_PART.findall(text)))
+
+
+def format_duration(ms: int) -> str:
+    """60000 -> ``"60s"``, 900000 -> ``"15m"``, 3600000 -> ``"1h"``: the largest unit
+    that keeps it whole (minutes from two on, as nsqd's documentation writes them)."""
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms and ms % size == 0 and (unit != "m" or ms >= 120_000):
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def suggest(name: str, known: list[str] | tuple[str, ...]) -> str:
+    """`` (did you mean 'x'?)`` for the closest known name, or nothing."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _duration(default_ms: int, help: str) -> Any:
     return field(default=default_ms, metadata={"duration": True, "help": help})
 
 
-def _opt(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
+def _opt(default: Any, help: str, **metadata: Any) -> Any:
+    return field(default=default, metadata={"help": help, **metadata})
+
+
+def _fixed(default: Any, help: str, why: str, **metadata: Any) -> Any:
+    """An nsqd option pynsqd takes only at its default (so an nsqd config that sets
+    it to that works), refusing any other value with ``why``."""
+    return field(default=default, metadata={"help": f"{help}; {why}", "fixed": why,
+                                            **metadata})
 
 
 @dataclass
@@ -77,15 +116,61 @@ class Options:
     event_loop: str = _opt("asyncio", "pynsqd's event loop: asyncio, uvloop (if installed), "
                            "or auto (uvloop when installed, else asyncio)")
     lookupd_tcp_address: tuple[str, ...] = _opt(
-        (), "host:port of an nsqlookupd's TCP port to register with (repeatable)")
-    broadcast_address: str = _opt("", "address registered with nsqlookupd (default: hostname)")
+        (), "host:port of an nsqlookupd's TCP port to register with (repeatable)",
+        alias="nsqlookupd_tcp_addresses")
+    broadcast_address: str = _opt("", "address registered with nsqlookupd (empty: the "
+                                      "hostname)")
+    broadcast_tcp_port: int = _opt(0, "TCP port registered with nsqlookupd (0: the "
+                                      "--tcp-address port)")
+    broadcast_http_port: int = _opt(0, "HTTP port registered with nsqlookupd (0: the "
+                                       "--http-address port)")
     node_id: int = _opt(-1, "this broker's part of every message id, 0 to 1023, unique in a "
-                            "fleet (-1: from the hostname and the gRPC listen address)")
+                            "fleet (-1: from the hostname and the gRPC listen address)",
+                        alias="id")
     statsd_address: str = _opt("", "UDP host:port of statsd to push stats to (empty: off)")
     statsd_prefix: str = _opt("nsq.%s", "prefix of statsd keys (%s: broadcast address and "
                               "HTTP port)")
     statsd_interval: int = _duration(60_000, "time between pushes to statsd")
     statsd_udp_packet_size: int = _opt(508, "largest statsd UDP datagram, in bytes")
+    statsd_exclude_ephemeral: bool = _opt(False, "leave #ephemeral topics and channels out "
+                                                 "of statsd")
+    statsd_mem_stats: bool = _fixed(False, "push Go memory stats to statsd",
+                                    "pynsqd has no Go runtime; /metrics has process_* and "
+                                    "python_* instead")
+    log_prefix: str = _opt("[pynsqd] ", "prefix of every log line")
+    # -- nsqd options pynsqd takes at their value only (why in each) --
+    max_channel_consumers: int = _fixed(0, "most consumers on one channel (0: no limit)",
+                                        "pynsqd does not limit consumers per channel")
+    max_heartbeat_interval: int = _fixed(60_000, "longest IDENTIFY heartbeat interval",
+                                         "pynsqd's TCP server caps it at 60s", duration=True)
+    max_output_buffer_size: int = _fixed(65536, "largest IDENTIFY output_buffer_size",
+                                         "pynsqd's TCP server caps it at 64 KiB")
+    max_output_buffer_timeout: int = _fixed(30_000, "longest IDENTIFY output_buffer_timeout",
+                                            "pynsqd's TCP server caps it at 30s",
+                                            duration=True)
+    e2e_processing_latency_percentiles: tuple[str, ...] = _fixed(
+        (), "end-to-end latency percentiles to report", "pynsqd reports p50, p95 and p99 "
+        "(/metrics has the histogram)", flag="e2e-processing-latency-percentile")
+    e2e_processing_latency_window_time: int = _fixed(
+        600_000, "window of the latency percentiles", "pynsqd's are over the latest "
+        "deliveries, not a time window", duration=True)
+    min_output_buffer_timeout: int = _fixed(25, "shortest IDENTIFY output_buffer_timeout",
+                                            "pynsqd's TCP server takes 25ms at least",
+                                            duration=True)
+    output_buffer_timeout: int = _fixed(250, "default output_buffer_timeout",
+                                        "pynsqd's TCP server flushes once per event-loop "
+                                        "pass", duration=True)
+    deflate: bool = _fixed(False, "offer deflate compression", "pynsqd declines compression "
+                           "and clients speak plain V2")
+    snappy: bool = _fixed(False, "offer snappy compression", "pynsqd declines compression "
+                          "and clients speak plain V2")
+    max_deflate_level: int = _fixed(6, "highest deflate level", "pynsqd declines compression")
+    queue_scan_selection_count: int = _fixed(
+        20, "channels checked per scan", "pynsqd keeps each channel's deadlines in a "
+        "queue woken by the event loop's timers, with nothing to scan")
+    queue_scan_worker_pool_max: int = _fixed(
+        4, "scan workers", "pynsqd keeps each channel's deadlines in a queue woken by the "
+        "event loop's timers, with nothing to scan")
     # -- on a network: TLS and NSQ's auth (broker/security checks these) --
     https_address: str = _opt("", "host:port of nsqd's HTTP API over TLS; empty: off")
     tls_cert: str = _opt("", "path to the broker's certificate file (PEM)")
@@ -108,17 +193,35 @@ class Options:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            flag = f.name.replace("_", "-")
             if f.metadata.get("duration"):
-                setattr(self, f.name, parse_duration_ms(value, name=f.name.replace("_", "-")))
+                setattr(self, f.name, parse_duration_ms(value, name=flag))
+            elif isinstance(f.default, bool):
+                setattr(self, f.name, parse_bool(value, flag))
+            elif isinstance(f.default, tuple):
+                setattr(self, f.name, (value,) if isinstance(value, str) else tuple(value))
+            if "fixed" in f.metadata and getattr(self, f.name) != f.default:
+                shown = (format_duration(f.default) if f.metadata.get("duration")
+                         else str(f.default).lower() if isinstance(f.default, bool)
+                         else f.default)
+                raise ValueError(f"{flag}: only {shown!r} is supported "
+                                 f"({f.metadata['fixed']})")
         for name in ("mem_queue_size", "max_msg_size", "max_rdy_count", "sync_every",
                      "max_bytes_per_file", "max_body_size", "max_disk_bytes",
-                     "max_memory_bytes", "max_attempts"):
+                     "max_memory_bytes", "max_attempts", "broadcast_tcp_port",
+                     "broadcast_http_port"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must not be negative")
+        for name in ("grpc_address", "tcp_address", "http_address", "https_address"):
+            if getattr(self, name):
+                check_listen_address(getattr(self, name), name.replace("_", "-"))
         self.lookupd_tcp_address = _addresses(self.lookupd_tcp_address, "lookupd-tcp-address")
         if self.lookupd_tcp_address and not (self.tcp_address and self.http_address):
             raise ValueError("lookupd-tcp-address needs tcp-address and http-address: "
                              "nsqlookupd registers a broker by its TCP and HTTP ports")
+        for name in ("broadcast_tcp_port", "broadcast_http_port"):
+            if getattr(self, name) > 65535:
+                raise ValueError(f"{name.replace('_', '-')} must be a port, 0 to 65535")
         if self.statsd_address:
             split_host_port(self.statsd_address, "statsd-address")
         if self.statsd_interval <= 0 or self.statsd_udp_packet_size <= 0:
@@ -170,17 +273,24 @@ class Options:
     @classmethod
     def from_toml(cls, path: str | Path, **overrides: Any) -> "Options":
         """Read a TOML file; unknown keys are an error naming the key."""
-        with open(path, "rb") as f:
-            try:
+        try:
+            with open(path, "rb") as f:
                 data = tomllib.load(f)
-            except tomllib.TOMLDecodeError as err:
-                raise ValueError(f"{path}: {err}") from None
+        except tomllib.TOMLDecodeError as err:
+            raise ValueError(f"{path}: {err}") from None
+        except OSError as err:
+            raise ValueError(f"{path}: {err.strerror or err}") from None
         known = {f.name: f for f in fields(cls)}
+        aliases = {f.metadata["alias"]: f.name for f in fields(cls) if "alias" in f.metadata}
         values: dict[str, Any] = {}
         for key, value in data.items():
             name = key.replace("-", "_")
+            name = aliases.get(name, name)
             if name not in known:
-                raise ValueError(f"{path}: unknown option {key!r}")
+                raise ValueError(f"{path}: unknown option {key!r}"
+                                 f"{suggest(name, [*known, *aliases])}")
+            if name in values:
+                raise ValueError(f"{path}: {key!r} repeats an option given under another name")
             default = known[name].default
             if isinstance(default, tuple):  # repeatable: a list of strings (or one string)
                 if isinstance(value, str):
@@ -188,13 +298,35 @@ class Options:
                 if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                     raise ValueError(f"{path}: {key}: expected a list of strings, got {value!r}")
                 value = tuple(value)
-            elif not (known[name].metadata.get("duration") or known[name].metadata.get("loose")) \
-                    and type(value) is not type(default):
-                kind = "a whole number" if isinstance(default, int) else "a string"
+            elif known[name].metadata.get("duration"):
+                pass  # a string with a unit, or an integer of milliseconds: checked below
+            elif not known[name].metadata.get("loose") and type(value) is not type(default):
+                kind = ("true or false" if isinstance(default, bool) else
+                        "a whole number" if isinstance(default, int) else "a string")
                 raise ValueError(f"{path}: {key}: expected {kind}, got {value!r}")
             values[name] = value
         values.update(overrides)
         return cls(**values)
+
+
+def parse_bool(value: Any, name: str) -> bool:
+    """Go's flag booleans: true/false, 1/0, t/f (any case)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "t", "true"):
+        return True
+    if text in ("0", "f", "false"):
+        return False
+    raise ValueError(f"{name}: expected true or false, got {value!r}")
+
+
+def check_listen_address(address: str, name: str) -> None:
+    """A listener's ``host:port`` (port 0: any free one); an error naming ``name``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{name}: expected host:port with a port from 0 to 65535, "
+                         f"got {address!r}")
 
 
 def split_host_port(address: str, name: str = "address") -> tuple[str, int]:
@@ -232,6 +364,11 @@ def option_help() -> dict[str, tuple[Any, str, bool]]:
     """name -> (default, help, is_duration), for building command-line flags."""
     return {f.name: (f.default, f.metadata.get("help", ""), bool(f.metadata.get("duration")))
             for f in fields(Options)}
+
+
+def option_aliases() -> dict[str, str]:
+    """nsqd's name of an option -> pynsqd's (both accepted in flags and files)."""
+    return {f.metadata["alias"]: f.name for f in fields(Options) if "alias" in f.metadata}
 
 
 def option_flag(name: str) -> str:

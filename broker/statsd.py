@@ -49,8 +49,11 @@ def resolve_prefix(template: str, broadcast_address: str, http_address: str) -> 
     return prefix if prefix.endswith(".") else prefix + "."
 
 
-def statsd_lines(prefix: str, stats: list[TopicStats], last: Counts) -> tuple[list[str], Counts]:
-    """The lines to push for ``stats``, and the counters to diff the next push against."""
+def statsd_lines(prefix: str, stats: list[TopicStats], last: Counts,
+                 exclude_ephemeral: bool = False) -> tuple[list[str], Counts]:
+    """The lines to push for ``stats``, and the counters to diff the next push against;
+    ``exclude_ephemeral`` leaves ``#ephemeral`` topics and channels out, as nsqd's
+    ``--statsd-exclude-ephemeral`` does."""
     lines: list[str] = []
     counts: Counts = {}
 
@@ -65,14 +68,17 @@ def statsd_lines(prefix: str, stats: list[TopicStats], last: Counts) -> tuple[li
         for quantile, value_ms in percentiles:
             gauge(f"{stat}.e2e_processing_latency_{quantile * 100:.0f}", value_ms * 1e6)
 
-    for t in stats:
+    def kept(name: str) -> bool:
+        return not (exclude_ephemeral and name.endswith("#ephemeral"))
+
+    for t in filter(lambda t: kept(t.name), stats):
         base = f"topic.{t.name}"
         incr(f"{base}.message_count", t.message_count)
         incr(f"{base}.message_bytes", t.message_bytes)
         gauge(f"{base}.depth", t.depth)
         gauge(f"{base}.backend_depth", t.on_disk_count)
         latency(base, t.e2e_processing_latency)
-        for c in t.channels:
+        for c in filter(lambda c: kept(c.name), t.channels):
             ch = f"{base}.channel.{c.name}"
             incr(f"{ch}.message_count", c.message_count)
             gauge(f"{ch}.depth", c.depth)
@@ -116,6 +122,7 @@ class StatsdPusher:
                                      addresses.get("http", ""))
         self.interval = options.statsd_interval / 1000
         self.packet_size = options.statsd_udp_packet_size
+        self.exclude_ephemeral = options.statsd_exclude_ephemeral
         self._last: Counts = {}
         self._task: asyncio.Task | None = None
 
@@ -138,7 +145,8 @@ class StatsdPusher:
         try:
             while True:
                 await asyncio.sleep(self.interval)
-                lines, self._last = statsd_lines(self.prefix, self.broker.stats(), self._last)
+                lines, self._last = statsd_lines(self.prefix, self.broker.stats(), self._last,
+                                                self.exclude_ephemeral)
                 for packet in packets(lines, self.packet_size):
                     transport.sendto(packet)
         finally:

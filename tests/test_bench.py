@@ -33,7 +33,7 @@ def test_quick_benchmark_prints_and_writes_the_table(tmp_path):
     for figure in expected:
         assert any(f.startswith(figure) for f in figures), figure
     for r in rows:
-        assert set(r) == {"figure", "value", "unit", "baseline", "ratio", "goal"}
+        assert set(r) == {"figure", "value", "unit", "baseline", "ratio", "goal", "met"}
         assert r["value"] > 0
         assert r["ratio"] is None or r["ratio"] > 0
         assert r["figure"] in result.stdout
@@ -46,3 +46,40 @@ def test_nsq_rounds_report_each_figures_median_and_the_median_of_each_rounds_rat
     assert nsq_bench.medians(rounds) == {
         "nsqd": {"read_msgs_per_s": 230, "read_cpu_us_per_msg": 3.0},
         "by_event_loop": {"asyncio": {"read_ratio": 0.8}}}
+
+
+def test_each_row_is_marked_met_or_missed_against_the_goal_it_opens_with():
+    from benchmarks.run import row, summary, table_row
+
+    rows = [row("fast enough", 90, "msgs/s", 100, "ratio >= 0.8 (÷ x)"),
+            row("too slow", 50, "msgs/s", 100, "ratio >= 0.8 (÷ x)"),
+            row("p99", 7.5, "ms", None, "<= 5 ms"),
+            row("memory", 68.5, "MB", None, "<= 200 MB (for 1M)"),
+            row("reference", 10, "msgs/s", 100, "reference")]
+    assert [r["met"] for r in rows] == [True, False, False, True, None]
+    lines = [table_row(r) for r in rows]
+    assert "0.900  met     ratio >= 0.8" in lines[0]
+    assert "0.500  MISSED  ratio >= 0.8" in lines[1]
+    assert "MISSED  <= 5 ms" in lines[2] and "met     <= 200 MB" in lines[3]
+    assert lines[4].endswith("0.100          reference")
+    assert summary(rows) == "2 of 4 goals met; missed: too slow, p99"
+
+
+def test_rows_are_printed_as_each_is_measured(monkeypatch, tmp_path, capsys):
+    """``make bench`` shows each row while the next is being measured."""
+    from benchmarks import run
+
+    seen_before_second: list[str] = []
+
+    def collect(quick):
+        run.stage("first stage")
+        yield run.row("first", 1, "msgs/s", 1, "ratio >= 0.5")
+        seen_before_second.append(capsys.readouterr().out)
+        yield run.row("second", 1, "msgs/s", 4, "ratio >= 0.5")
+
+    monkeypatch.setattr(run, "collect", collect)
+    monkeypatch.setattr(sys, "argv", ["run", "--quick", "--json", str(tmp_path / "b.json")])
+    run.main()
+    assert "# first stage ..." in seen_before_second[0]
+    assert "first" in seen_before_second[0] and "met" in seen_before_second[0]
+    assert "1 of 2 goals met; missed: second (quick run" in capsys.readouterr().out

@@ -139,3 +139,53 @@ def test_an_unreachable_address_is_named_without_a_traceback():
     assert result.returncode == 1
     assert "cannot reach the broker at 127.0.0.1:1" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("args, text", [
+    (("channel", "create", "T", "C", "--max-attempts", "-1"),
+     "argument --max-attempts: must be 0 to 65535, got -1"),
+    (("channel", "create", "T", "C", "--max-attempts", "99999999999"),
+     "argument --max-attempts: must be 0 to 65535, got 99999999999"),
+    (("channel", "create", "T", "C", "--max-attempts", "five"),
+     "argument --max-attempts: expected a whole number, got 'five'"),
+    (("pub", "events", "x", "--defer-ms", "-5"), "argument --defer-ms: must be 0 to"),
+    (("pub", "events", "x", "--defer-ms", "99999999999"), "argument --defer-ms: must be 0 to"),
+    (("pub", "events", "x", "--ttl", "30"), "a unit is required: '30s' or '30ms'"),
+    (("tail", "events", "-n", "-1"), "argument -n: must be 0 to"),
+    (("pub",), "the following arguments are required: topic"),
+    (("stats", "--topc", "x"), "unrecognized arguments: --topc x (did you mean '--topic'?)"),
+    (("topic", "pause", "t", "--ttl", "1s"), "--ttl only go with create"),
+    (("pub", "events", "--defer-ms", "5"), "--defer-ms needs a BODY argument"),
+])
+def test_usage_and_value_errors_are_one_line_with_exit_code_2(args, text):
+    """Checked before any broker is asked: the address answers nothing."""
+    result = pynsq("127.0.0.1:1", *args, stdin="")
+    assert result.returncode == 2, result.stderr
+    assert text in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "usage:" not in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("address", ["localhost", "127.0.0.1", "localhost:", "host:99999"])
+def test_an_address_without_a_port_is_refused_naming_the_grpc_port(address):
+    result = pynsq(address, "stats")
+    assert result.returncode == 2
+    assert f"address {address!r}: expected host:port of pynsqd's gRPC API" in result.stderr
+    assert ":4170" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("listener", ["tcp_address", "http_address"])
+def test_pointing_at_nsqds_tcp_or_http_port_hints_that_grpc_is_4170(listener):
+    from broker import EmbeddedBroker
+
+    with EmbeddedBroker() as broker:
+        result = pynsq(getattr(broker, listener), "stats")
+    assert result.returncode == 1
+    assert "is this pynsqd's gRPC port? pynsqd serves gRPC on 4170" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_version_is_printed():
+    result = subprocess.run([bin_path("pynsq"), "--version"], capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 0 and result.stdout.startswith("pynsq ")

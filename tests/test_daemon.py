@@ -117,3 +117,67 @@ def test_default_address_is_loopback_4170():
     out = subprocess.run([bin_path("pynsqd"), "--help"], capture_output=True, text=True,
                          timeout=30).stdout
     assert "127.0.0.1:4170" in out
+
+
+def pynsqd(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([bin_path("pynsqd"), *args], capture_output=True, text=True,
+                          timeout=30)
+
+
+@pytest.mark.parametrize("args, text", [
+    (("--tcp-address", "127.0.0.1:99999"), "tcp-address: expected host:port with a port from "
+                                           "0 to 65535, got '127.0.0.1:99999'"),
+    (("--msg-timeout", "30"), "msg-timeout: expected a duration such as '60s', '1m30s' or "
+                              "'500ms', got '30' (a unit is required: '30s' or '30ms'?)"),
+    (("--max-rdy-count", "many"), "argument --max-rdy-count: invalid int value: 'many'"),
+    (("--tcp-adress", "x"), "unrecognized arguments: --tcp-adress x (did you mean "
+                            "'--tcp-address'?)"),
+    (("--max-channel-consumers", "10"), "max-channel-consumers: only 0 is supported (pynsqd "
+                                        "does not limit consumers per channel)"),
+    (("--config", "no/such/file.toml"), "no/such/file.toml: No such file or directory"),
+    (("--statsd-mem-stats",), "statsd-mem-stats: only 'false' is supported"),
+])
+def test_usage_and_value_errors_are_one_line_with_exit_code_2(args, text):
+    result = pynsqd(*args)
+    assert result.returncode == 2, result.stderr
+    assert text in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "usage:" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_durations_take_gos_forms(daemons):
+    d = daemons("--msg-timeout", "1m30s", "--max-msg-timeout", "1.5h",
+                "--max-req-timeout", "2h45m").wait_ready()
+    i = info(d.address)
+    assert (i.msg_timeout_ms, i.max_msg_timeout_ms, i.max_req_timeout_ms) == (
+        90_000, 5_400_000, 9_900_000)
+
+
+def test_nsqds_single_dash_flags_are_accepted(daemons):
+    d = daemons("-msg-timeout=1m30s", "-max-rdy-count", "77").wait_ready()
+    i = info(d.address)
+    assert (i.msg_timeout_ms, i.max_rdy_count) == (90_000, 77)
+
+
+def test_an_nsqd_config_file_starts_the_daemon(daemons, tmp_path):
+    """nsqd's own key names, and nsqd-only options at nsqd's values."""
+    config = tmp_path / "nsqd.cfg"
+    config.write_text('nsqlookupd_tcp_addresses = []\nmsg_timeout = "1m30s"\n'
+                      'max_heartbeat_interval = "60s"\nmax_channel_consumers = 0\n'
+                      'e2e_processing_latency_percentiles = []\nlog_prefix = "[nsqd] "\n')
+    d = daemons("--config", str(config)).wait_ready()
+    assert info(d.address).msg_timeout_ms == 90_000
+    d.stop()
+    assert "[nsqd] " in d.output()
+
+
+def test_help_shows_defaults_in_the_units_users_write():
+    out = " ".join(pynsqd("--help").stdout.split())
+    assert "in-flight timeout of a message (default: 60s)" in out
+    assert "(default: 15m)" in out and "(default: 1h)" in out and "(default: 2s)" in out
+    assert "ms'" not in out and "(default: '')" not in out and "(default: hostname)" not in out
+
+
+def test_version_is_printed():
+    result = pynsqd("--version")
+    assert result.returncode == 0 and result.stdout.startswith("pynsqd ")

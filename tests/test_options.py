@@ -18,17 +18,34 @@ SHIPPED_CONFIG = Path(__file__).parent.parent / "conf" / "pynsqd.toml"
 
 @pytest.mark.parametrize("text, ms", [
     ("500ms", 500), ("60s", 60_000), ("15m", 900_000), ("1h", 3_600_000),
-    ("1.5s", 1_500), ("250", 250), (750, 750),
+    ("1.5s", 1_500), ("1m30s", 90_000), ("1.5h", 5_400_000), ("2h45m10s", 9_910_000),
+    ("300us", 0), ("1500us", 2), ("2000000ns", 2), (".5s", 500), ("0", 0), (750, 750),
 ])
-def test_durations_accept_milliseconds_seconds_minutes_and_hours(text, ms):
+def test_durations_are_read_as_go_and_nsqd_read_them(text, ms):
     assert parse_duration_ms(text) == ms
-    assert Options(max_req_timeout=text).max_req_timeout == ms
+    if ms:
+        assert Options(max_req_timeout=text).max_req_timeout == ms
 
 
-@pytest.mark.parametrize("text", ["soon", "5x", "-1s", "", "1 h 2", "ms"])
+@pytest.mark.parametrize("text", ["soon", "5x", "-1s", "", "1 h 2", "ms", "30", "1.5", "1h 30m"])
 def test_a_malformed_duration_is_refused_naming_the_option(text):
     with pytest.raises(ValueError, match=f"msg-timeout: expected a duration .*got {text!r}"):
         Options(msg_timeout=text)
+
+
+def test_a_duration_without_a_unit_is_refused_with_the_units_to_choose_from():
+    """nsqd refuses ``--msg-timeout 30``; taking it as 30 ms would be a silent surprise."""
+    with pytest.raises(ValueError, match=r"a unit is required: '30s' or '30ms'\?"):
+        Options(msg_timeout="30")
+
+
+@pytest.mark.parametrize("ms, text", [(60_000, "60s"), (900_000, "15m"), (3_600_000, "1h"),
+                                      (2_000, "2s"), (250, "250ms"), (90_000, "90s")])
+def test_a_duration_is_shown_in_the_unit_a_user_writes(ms, text):
+    from broker.options import format_duration
+
+    assert format_duration(ms) == text
+    assert parse_duration_ms(text) == ms
 
 
 def test_defaults_are_nsqds_and_listeners_are_on_loopback():
@@ -42,9 +59,12 @@ def test_defaults_are_nsqds_and_listeners_are_on_loopback():
     assert (o.data_path, o.log_level) == ("", "info")
 
 
-def test_the_shipped_config_file_lists_every_option_at_its_default():
-    keys = set(tomllib.loads(SHIPPED_CONFIG.read_text()))
+def test_the_shipped_config_file_lists_every_option_at_its_default_under_nsqds_key():
+    from broker.options import option_aliases
+
+    keys = {option_aliases().get(k, k) for k in tomllib.loads(SHIPPED_CONFIG.read_text())}
     assert keys == {f.name for f in dataclasses.fields(Options)}
+    assert "nsqlookupd_tcp_addresses" in SHIPPED_CONFIG.read_text()
     assert Options.from_toml(SHIPPED_CONFIG) == Options()
 
 
@@ -66,13 +86,16 @@ def test_values_given_over_the_file_override_it(tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [
-    ("mem_queue_sise = 5\n", "unknown option 'mem_queue_sise'"),
+    ("mem_queue_sise = 5\n", "unknown option 'mem_queue_sise' .did you mean 'mem_queue_size'"),
+    ("nsqlookupd_tcp_address = []\n",
+     "unknown option 'nsqlookupd_tcp_address' .did you mean 'nsqlookupd_tcp_addresses'"),
     ('max_msg_size = "big"\n', "max_msg_size: expected a whole number, got 'big'"),
     ("grpc_address = 4170\n", "grpc_address: expected a string, got 4170"),
     ('msg_timeout = "soon"\n', "msg-timeout: expected a duration"),
     ("msg_timeout = true\n", "msg-timeout: expected a duration such as '60s', got True"),
     ("msg_timeout = \n", "pynsqd.toml"),
-], ids=["unknown key", "text for a number", "number for text", "bad duration", "boolean duration",
+], ids=["unknown key", "unknown nsqd-like key", "text for a number", "number for text",
+        "bad duration", "boolean duration",
         "bad TOML"])
 def test_a_bad_config_file_is_refused_naming_the_key(tmp_path, content, message):
     path = tmp_path / "pynsqd.toml"
@@ -133,3 +156,76 @@ def test_an_unknown_log_level_is_refused_naming_it():
     with pytest.raises(ValueError, match="log-level: expected debug, info, warning or error, "
                                          "got 'loud'"):
         Options(log_level="loud")
+
+
+def test_an_nsqd_config_file_is_read_under_nsqds_keys(tmp_path):
+    """nsqd's own sample config keys: the list of lookupds, the node id, the
+    percentiles left empty and the nsqd-only options at nsqd's values."""
+    path = tmp_path / "nsqd.toml"
+    path.write_text('nsqlookupd_tcp_addresses = ["127.0.0.1:4160", "10.0.0.2:4160"]\n'
+                    'id = 7\nbroadcast_address = "10.0.0.1"\nbroadcast_tcp_port = 14150\n'
+                    'e2e_processing_latency_percentiles = []\nmax_channel_consumers = 0\n'
+                    'max_heartbeat_interval = "60s"\nmax_output_buffer_size = 65536\n'
+                    'max_output_buffer_timeout = "30s"\nstatsd_exclude_ephemeral = true\n'
+                    'msg_timeout = "1m30s"\nlog_prefix = "[nsqd] "\n')
+    o = Options.from_toml(path)
+    assert o.lookupd_tcp_address == ("127.0.0.1:4160", "10.0.0.2:4160")
+    assert (o.node_id, o.broadcast_tcp_port, o.msg_timeout) == (7, 14150, 90_000)
+    assert o.statsd_exclude_ephemeral is True and o.log_prefix == "[nsqd] "
+
+
+def test_an_option_under_both_its_names_is_refused(tmp_path):
+    path = tmp_path / "pynsqd.toml"
+    path.write_text('nsqlookupd_tcp_addresses = ["a:1"]\nlookupd_tcp_address = ["b:2"]\n')
+    with pytest.raises(ValueError, match="repeats an option given under another name"):
+        Options.from_toml(path)
+
+
+@pytest.mark.parametrize("name, value, why", [
+    ("max_channel_consumers", 10, "does not limit consumers per channel"),
+    ("max_heartbeat_interval", "2m", "caps it at 60s"),
+    ("max_output_buffer_size", 1 << 20, "caps it at 64 KiB"),
+    ("max_output_buffer_timeout", "1m", "caps it at 30s"),
+    ("e2e_processing_latency_percentiles", ("0.99",), "p50, p95 and p99"),
+    ("statsd_mem_stats", True, "no Go runtime"),
+    ("deflate", True, "declines compression"),
+    ("snappy", "true", "declines compression"),
+])
+def test_an_nsqd_option_pynsqd_does_not_implement_is_refused_saying_why(name, value, why):
+    flag = name.replace("_", "-")
+    with pytest.raises(ValueError, match=f"^{flag}: only .* is supported .*{why}"):
+        Options(**{name: value})
+    default = dataclasses.fields(Options)[[f.name for f in dataclasses.fields(Options)]
+                                          .index(name)].default
+    assert getattr(Options(**{name: default}), name) == default  # nsqd's value is fine
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:99999", "127.0.0.1", "127.0.0.1:http", ""])
+def test_a_listener_address_without_a_port_from_0_to_65535_is_refused(address):
+    if not address:
+        assert Options(tcp_address="").tcp_address == ""   # empty: off
+        return
+    with pytest.raises(ValueError, match=f"^tcp-address: expected host:port with a port "
+                                         f"from 0 to 65535, got {address!r}$"):
+        Options(tcp_address=address)
+
+
+@pytest.mark.parametrize("value, expected", [("true", True), ("f", False), ("1", True),
+                                             (False, False), ("FALSE", False)])
+def test_boolean_options_read_gos_forms(value, expected):
+    assert Options(statsd_exclude_ephemeral=value).statsd_exclude_ephemeral is expected
+
+
+def test_statsd_exclude_ephemeral_leaves_ephemeral_topics_and_channels_out():
+    from broker.statsd import statsd_lines
+
+    from .corekit import new_broker
+
+    broker, _ = new_broker()
+    for topic, channel in (("t", "c"), ("t", "e#ephemeral"), ("x#ephemeral", "c")):
+        broker.create_channel(topic, channel)
+    every, _ = statsd_lines("p.", broker.stats(), {})
+    kept, _ = statsd_lines("p.", broker.stats(), {}, exclude_ephemeral=True)
+    assert any("#ephemeral" in line for line in every)
+    assert kept and not any("#ephemeral" in line for line in kept)
+    assert any(line.startswith("p.topic.t.channel.c.") for line in kept)
