@@ -96,6 +96,7 @@ class Lease(Consumer):
         self.in_flight: HeldMessages = HeldMessages()  # type: ignore[assignment]
         self.lease_id = secrets.token_hex(12)
         self.session = session
+        self.owner = session.owner     # who may act on it, live or remembered (auth)
         self.order: list[Message] = []
 
     def hold(self, msgs: list[Message]) -> None:
@@ -120,7 +121,8 @@ class Lease(Consumer):
 
     def remembered(self) -> "RememberedLease":
         assert self.channel is not None
-        return RememberedLease(self.channel, [m.id for m in self.order], self.msg_timeout)
+        return RememberedLease(self.channel, [m.id for m in self.order], self.msg_timeout,
+                               self.owner)
 
 
 @dataclass
@@ -130,11 +132,13 @@ class RememberedLease:
     channel: "Channel"
     ids: list[str]
     msg_timeout: float
+    owner: str = ""
 
 
 class LeaseSession:
-    def __init__(self, client_id: str = "", grace: float = 0.0) -> None:
+    def __init__(self, client_id: str = "", grace: float = 0.0, owner: str = "") -> None:
         self.session_id = f"{next(_session_ids)}-{secrets.token_hex(8)}"
+        self.owner = owner    # the principal that opened it ("" without auth)
         self.client_id = client_id or f"lease-session-{self.session_id}"
         self.leases: dict[str, Lease] = {}
         self.grace = grace                    # seconds kept after the stream drops

@@ -23,7 +23,8 @@ from ..errors import (ERROR_CODE_METADATA, BrokerError, ChannelNotFound, Conflic
                       NotFound, NotInFlight, StorageFailed, Unavailable)
 from ..message import Message
 from ..security.auth import AuthError, Unauthorized
-from ..security.grpc_auth import remote_ip
+from ..security import rules
+from ..security.grpc_auth import principal_of, remote_ip
 from ..stats import ClientIdentity
 
 log = logging.getLogger("pynsqd")
@@ -192,7 +193,8 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def Publish(self, request: pb.PublishRequest, context) -> pb.PublishResponse:
         try:
             ids = [self.broker.publish(request.topic, request.body, defer_ms=request.defer_ms,
-                                       producer_id=request.producer_id,
+                                       producer_id=rules.producer_id(principal_of(context),
+                                                                     request.producer_id),
                                        sequence=request.sequence, ttl_ms=request.ttl_ms)]
         except BrokerError as err:
             await abort(context, err)
@@ -202,7 +204,8 @@ class BrokerService(pb_grpc.BrokerServicer):
         try:
             ids = self.broker.multi_publish(request.topic, request.bodies,
                                             defer_ms=request.defer_ms,
-                                            producer_id=request.producer_id,
+                                            producer_id=rules.producer_id(
+                                                principal_of(context), request.producer_id),
                                             sequence=request.sequence,
                                             ttl_ms=request.ttl_ms)
         except BrokerError as err:
@@ -440,7 +443,8 @@ class BrokerService(pb_grpc.BrokerServicer):
     # -- leases -----------------------------------------------------------
     async def OpenLeaseSession(self, request, context):
         session = self.broker.open_lease_session(request.client_id or context.peer(),
-                                                 request.session_id, request.grace_ms)
+                                                 request.session_id, request.grace_ms,
+                                                 owner=principal_of(context))
         stream = session.stream
         try:
             yield pb.LeaseSessionEvent(session_id=session.session_id,

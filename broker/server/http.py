@@ -156,7 +156,7 @@ class HttpApi:
         if security is not None:
             from ..security.http_auth import security_middleware
             middlewares.append(security_middleware(
-                security, tls=tls,
+                security, broker, tls=tls,
                 https_port=lambda: int(addresses.get("https", ":0").rpartition(":")[2] or 0)))
 
         @web.middleware
