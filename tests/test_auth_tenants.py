@@ -275,3 +275,20 @@ def test_http_allowed_hosts_names_the_hosts_a_request_may_name():
         assert request_with_host(b.http_address, "/ping", "broker.internal:4151") == \
             (200, b"OK")
         assert request_with_host(b.http_address, "/ping", "evil.example")[0] == 403
+
+
+def test_allowed_hosts_come_from_the_flag_and_a_listener_beyond_loopback_accepts_any():
+    from broker.daemon import build_parser, options_from_args
+    from broker.options import Options
+    from broker.security.hosts import policy
+
+    args = build_parser().parse_args(["--http-allowed-hosts", "Broker.Internal,10.0.0.5",
+                                      "--http-allowed-hosts", "[fd00::1]:4151"])
+    listed = policy(options_from_args(args), "10.0.0.5:4151")
+    assert [listed.allows(h) for h in ("broker.internal:80", "10.0.0.5", "[fd00::1]:4151",
+                                       "localhost", "evil.example")] == \
+        [True, True, True, False, False]
+    assert policy(Options(), "10.0.0.5:4151").allows("anything.example")
+    assert not policy(Options(), "127.0.0.1:4151").allows("anything.example")
+    with pytest.raises(ValueError, match="http-allowed-hosts"):
+        Options(http_allowed_hosts=("http://evil/",))

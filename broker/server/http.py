@@ -8,6 +8,8 @@ OPTIONS) sent by a browser on behalf of another site is refused with 403
 ``CROSS_ORIGIN_REQUEST``: ``Sec-Fetch-Site`` other than ``same-origin`` or
 ``none``, or an ``Origin`` whose host is not the one addressed. Clients that
 are not browsers (curl, NSQ's libraries) send neither header and are served.
+A request whose ``Host`` the listener does not answer to (DNS rebinding; see
+``broker/security/hosts.py``) is refused with 403 ``HOST_NOT_ALLOWED``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from ..errors import (BodyTooBig, BrokerError, ChannelNotFound, InvalidBody, Inv
                       StorageFailed, TopicNotFound, Unavailable)
 from ..names import is_valid_name
 from ..options import parse_duration_ms
+from ..security import hosts
 from ..security.auth import AuthError, AuthFirst, Unauthorized
+from ..security.hosts import HostPolicy
 from .wire import parse_mpub
 
 _SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -152,7 +156,16 @@ class HttpApi:
         self.broker = broker
         self.addresses = addresses  # filled in as servers bind: grpc, tcp, http
         self.security, self.tls = security, tls  # broker/security: HTTPS, TLS policy, auth
-        middlewares = [_nsqd_answers]   # outermost: maps the errors of all below it
+        self.hosts = HostPolicy()   # the Host names it answers to, set when it listens
+
+        @web.middleware
+        async def host_allowed(request: web.Request, handler) -> web.StreamResponse:
+            if not self.hosts.allows(request.headers.get("Host")):
+                raise HttpError(403, "HOST_NOT_ALLOWED")
+            return await handler(request)
+
+        # _nsqd_answers outermost: it maps the errors of all below it.
+        middlewares = [_nsqd_answers, host_allowed]
         if security is not None:
             from ..security.http_auth import security_middleware
             middlewares.append(security_middleware(
@@ -313,6 +326,7 @@ class HttpApi:
     # -- serving ----------------------------------------------------------
     async def start(self, address: str) -> str:
         host, _, port = address.rpartition(":")
+        self.hosts = hosts.policy(self.broker.options, address)
         # After an early answer (413), read what the client still sends for 1 s at most.
         self.runner = web.AppRunner(self.app, access_log=None, lingering_time=1.0)
         await self.runner.setup()
