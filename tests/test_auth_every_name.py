@@ -8,6 +8,8 @@ is served."""
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -16,9 +18,11 @@ import pytest
 
 from broker import Client, ClientError, EmbeddedBroker
 from broker.api import broker_pb2 as pb
+from broker.core import Broker
 from broker.server.http import HttpApi
 
 from .authserver import AuthServer
+from .helpers import wait_for
 from .securitykit import http
 
 IDENTITY, OTHER = "tenant", "someone-else"
@@ -115,9 +119,7 @@ def test_every_grpc_method_has_a_row():
 
 
 def test_every_http_endpoint_has_a_row():
-    api = HttpApi.__new__(HttpApi)
-    from broker.core import Broker
-    HttpApi.__init__(api, Broker(), {})
+    api = HttpApi(Broker(), {})
     routes = {f"{r.method} {r.resource.canonical}" for r in api.app.router.routes()
               if r.method != "HEAD"}                  # aiohttp's HEAD beside every GET
     assert routes == set(HTTP), "an HTTP endpoint without an authorisation row, or a stale row"
@@ -133,7 +135,6 @@ def _lease(owner: Client, n: Names, timed_out: bool = False) -> None:
     assert lease.count == 1
     n.state.update(session=session, lease=lease.lease_id)
     if timed_out:
-        from .helpers import wait_for
         wait_for(lambda: owner.stats(n.T, n.C).topics[0].channels[0].in_flight_count == 0,
                  10, message="the lease to time out")
 
@@ -331,9 +332,6 @@ def test_each_http_endpoint_refuses_a_secret_lacking_any_right_a_name_needs(brok
 
 
 def _put(broker, path: str, secret: str, body: bytes | None) -> tuple[int, bytes]:
-    import urllib.error
-    import urllib.request
-
     request = urllib.request.Request(f"http://{broker.http_address}{path}", data=body,
                                      method="PUT",
                                      headers={"Authorization": f"Bearer {secret}"})
