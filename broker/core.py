@@ -181,12 +181,13 @@ class Broker:
 
     # -- leases -----------------------------------------------------------
     def open_lease_session(self, client_id: str = "", session_id: str = "",
-                           grace_ms: int = 0) -> LeaseSession:
+                           grace_ms: int = 0, owner: str = "") -> LeaseSession:
         """A new lease session, or ``session_id`` resumed if it is detached and within
         its grace period (``session.resumed`` says which).
 
         ``grace_ms``: how long the session keeps its leases once its stream drops;
-        0 means the broker's msg-timeout; capped by max-msg-timeout.
+        0 means the broker's msg-timeout; capped by max-msg-timeout. ``owner``: who
+        opened it (the servers' auth principal), kept on each lease it makes.
         """
         old = self._sessions.get(session_id) if session_id else None
         if old is not None:
@@ -195,9 +196,24 @@ class Broker:
             old.stream += 1
             return old
         grace = min(grace_ms or self.options.msg_timeout, self.options.max_msg_timeout) / 1000
-        session = LeaseSession(client_id, grace)
+        session = LeaseSession(client_id, grace, owner)
         self._sessions[session.session_id] = session
         return session
+
+    def session_owner(self, session_id: str) -> str | None:
+        """The owner of a lease session, or None when there is no such session."""
+        session = self._sessions.get(session_id)
+        return session.owner if session is not None else None
+
+    def lease_scope(self, lease_id: str) -> tuple[str, str, str] | None:
+        """(owner, topic, channel) of a lease held or remembered, else None."""
+        lease = self._leases.get(lease_id)
+        if lease is not None and lease.channel is not None:
+            return lease.owner, lease.channel.topic.name, lease.channel.name
+        old = self._requeued.get(lease_id)
+        if old is not None:
+            return old.owner, old.channel.topic.name, old.channel.name
+        return None
 
     def detach_lease_session(self, session_id: str, stream: int | None = None) -> None:
         """The session's stream dropped: keep its leases for its grace period.
@@ -368,6 +384,7 @@ class Broker:
         session = lease.session if lease is not None else LeaseSession("adopted")
         lease = Lease(session, msg_timeout=old.msg_timeout)
         lease.lease_id = lease_id
+        lease.owner = old.owner
         lease.channel = old.channel
         taken = old.channel.reclaim(lease, old.ids)
         if not taken:

@@ -107,6 +107,7 @@ class Lease(Consumer):
         self.in_flight: HeldMessages = HeldMessages()  # type: ignore[assignment]
         self.lease_id = secrets.token_hex(12)
         self.session = session
+        self.owner = session.owner     # who may act on it, live or remembered (auth)
         self.order: list[Message] = []
         # A lease taken back after a requeue or a timeout: each message's attempts as
         # its first delivery to this lease counted them (what a replay must read again).
@@ -146,7 +147,7 @@ class Lease(Consumer):
         order = self.order
         attempts = self.attempts_of(order) or [m.attempts for m in order]
         return RememberedLease(self.channel, [m.id for m in order], self.msg_timeout,
-                               attempts, self.lease_id)
+                               attempts, self.lease_id, owner=self.owner)
 
 
 @dataclass(eq=False)
@@ -160,6 +161,7 @@ class RememberedLease:
     attempts: list[int]
     lease_id: str = ""
     live: int = 0  # how many of ``ids`` still wait in the channel, last held by this lease
+    owner: str = ""  # who may act on it (auth): the session's owner
 
 
 class LeaseClaims:
@@ -226,8 +228,9 @@ class LeaseClaims:
 
 
 class LeaseSession:
-    def __init__(self, client_id: str = "", grace: float = 0.0) -> None:
+    def __init__(self, client_id: str = "", grace: float = 0.0, owner: str = "") -> None:
         self.session_id = f"{next(_session_ids)}-{secrets.token_hex(8)}"
+        self.owner = owner    # the principal that opened it ("" without auth)
         self.client_id = client_id or f"lease-session-{self.session_id}"
         self.leases: dict[str, Lease] = {}
         self.grace = grace                    # seconds kept after the stream drops

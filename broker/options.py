@@ -172,6 +172,9 @@ class Options:
         4, "scan workers", "pynsqd keeps each channel's deadlines in a queue woken by the "
         "event loop's timers, with nothing to scan")
     # -- on a network: TLS and NSQ's auth (broker/security checks these) --
+    http_allowed_hosts: tuple[str, ...] = field(default=(), metadata={
+        "help": "a Host name HTTP requests may name (repeatable or comma-separated; '*': "
+                "any); default: on loopback, loopback names only", "flag": "http-allowed-hosts"})
     https_address: str = _opt("", "host:port of nsqd's HTTP API over TLS; empty: off")
     tls_cert: str = _opt("", "path to the broker's certificate file (PEM)")
     tls_key: str = _opt("", "path to the broker's private key file (PEM)")
@@ -241,7 +244,9 @@ class Options:
             raise ValueError("msg-timeout must be positive")
         if self.msg_timeout > self.max_msg_timeout:
             raise ValueError("msg-timeout must not exceed max-msg-timeout")
+        from .security.hosts import allowed_hosts
         from .security.tls import check_options
+        self.http_allowed_hosts = allowed_hosts(self.http_allowed_hosts)
         check_options(self)
         if self.data_path:
             # What the log format holds, checked at start: the broker never accepts a

@@ -4,7 +4,9 @@ free loopback port in its own thread, for the tests.
     with AuthServer({"s3cret": reply(publish="^events$")}) as auth:
         EmbeddedBroker(auth_http_addresses=[auth.address])
 
-A secret it does not know is answered 403, as a real auth server refuses one.
+A secret it does not know is answered 403, as a real auth server refuses one. A
+secret whose answer is an int is answered with that status and a body that is not
+JSON (an auth server failing); one whose answer is bytes gets them as a 200's body.
 Every query is recorded in ``queries`` (the form the broker sent).
 """
 
@@ -47,6 +49,10 @@ class AuthServer:
         answer = self.secrets.get(form.get("secret", ""))
         if answer is None:
             return web.json_response({"message": "NOT_AUTHORIZED"}, status=403)
+        if isinstance(answer, int):
+            return web.Response(status=answer, text="<html>internal error</html>")
+        if isinstance(answer, bytes):
+            return web.Response(body=answer, content_type="application/json")
         return web.json_response(answer)
 
     def start(self) -> "AuthServer":

@@ -18,7 +18,7 @@ import pytest
 from broker import Client, ClientError, EmbeddedBroker
 from broker import columns
 from broker.api import broker_pb2 as pb
-from broker.security.auth import (AuthError, Authenticator, AuthFailed, Identity,
+from broker.security.auth import (AuthError, Authenticator, AuthFailed, ClientAuth, Identity,
                                   InvalidAuthReply, parse_reply)
 
 from .authserver import AuthServer, reply
@@ -69,22 +69,25 @@ def test_an_answer_breaking_nsqds_rules_is_refused_naming_why(doc, problem):
         parse_reply(json.dumps(doc), now=0)
 
 
-def test_answer_is_cached_for_its_ttl_then_asked_again():
+def test_a_connection_keeps_its_answer_for_its_ttl_and_every_auth_asks_again():
     now = [100.0]
     with AuthServer({"s": reply(publish=".*", ttl=30)}) as auth:
         authn = Authenticator([auth.address], clock=lambda: now[0])
-        who = Identity("127.0.0.1", False, "s")
 
-        async def ask_three_times() -> None:
-            await authn.state(who)
+        async def connect_twice() -> None:
+            first = ClientAuth(authn, "127.0.0.1")
+            await first.auth("s")
             now[0] += 29
-            await authn.state(who)          # within the ttl: cached
+            assert not first.needs_query()     # within the ttl: kept by the connection
+            second = ClientAuth(authn, "127.0.0.1")
+            await second.auth("s")             # another AUTH: asked, nothing shared
             now[0] += 2
-            await authn.state(who)          # the ttl ran out: asked again
+            assert first.needs_query()         # the ttl ran out: asked again
+            await first.refresh()
             await authn.close()
 
-        asyncio.run(ask_three_times())
-        assert len(auth.queries) == 2
+        asyncio.run(connect_twice())
+        assert len(auth.queries) == 3
         assert auth.queries[0] == {"remote_ip": "127.0.0.1", "tls": "false", "secret": "s",
                                    "common_name": "", "method": "GET"}
 
@@ -95,10 +98,9 @@ def test_post_method_and_a_failing_first_server_still_authenticate():
 
         async def ask() -> None:
             for _ in range(4):   # whichever server is tried first
-                authn._cache.clear()
-                assert (await authn.state(Identity("127.0.0.1", True, "s"))).is_allowed("t")
+                assert (await authn.query(Identity("127.0.0.1", True, "s"))).is_allowed("t")
             with pytest.raises(AuthFailed):
-                await authn.state(Identity("127.0.0.1", True, "wrong"))
+                await authn.query(Identity("127.0.0.1", True, "wrong"))
             await authn.close()
 
         asyncio.run(ask())

@@ -10,11 +10,16 @@ form with ``--auth-http-request-method post``). The answer, nsqd's::
                          "permissions": ["subscribe", "publish"]}]}
 
 is valid when every permission is ``publish`` or ``subscribe``, every regex
-compiles and ``ttl > 0``; it is then cached for ``ttl`` seconds and asked again
-after. A client may publish to a topic when an authorisation with ``publish``
-has a topic regex found in the topic name and a channel regex found in "" (so
-``.*``), and may subscribe to a channel when one with ``subscribe`` has regexes
-found in both (Go's ``MatchString`` is a search, as ``re.search`` is).
+compiles and ``ttl > 0``. A client may publish to a topic when an authorisation with
+``publish`` has a topic regex found in the topic name and a channel regex found in ""
+(so ``.*``), and may subscribe to a channel when one with ``subscribe`` has regexes
+found in both: Go's ``MatchString`` is a search, and the regexes are RE2's (Go's
+syntax, linear time: a grant cannot stall the broker by backtracking).
+
+Revocation as nsqd: every AUTH asks the auth servers; nothing is shared between
+connections. The answer is kept by the connection that asked (``ClientAuth``) for
+its ``ttl``, then asked again; an auth server that refuses, fails (not 200) or
+answers what breaks these rules refuses the client.
 
 Errors, nsqd's codes: ``AuthFirst`` (E_AUTH_FIRST, no secret given),
 ``AuthFailed`` (E_AUTH_FAILED, the auth servers refused the secret or could not
@@ -24,13 +29,15 @@ be asked; the reason is logged, never sent to the client), ``Unauthorized``
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
-import re
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+import re2
 
 from ..errors import BrokerError
 
@@ -40,6 +47,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("pynsqd")
 
 PERMISSIONS = ("publish", "subscribe")
+
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False     # a bad regex is the auth server's error, answered once
 
 
 class AuthError(BrokerError):
@@ -72,8 +82,8 @@ class InvalidAuthReply(ValueError):
 
 @dataclass(frozen=True)
 class Authorization:
-    topic: re.Pattern
-    channels: tuple[re.Pattern, ...]
+    topic: Any                      # compiled RE2 patterns
+    channels: tuple[Any, ...]
     permissions: frozenset[str]
 
     def is_allowed(self, topic: str, channel: str) -> bool:
@@ -129,13 +139,15 @@ def parse_reply(data: bytes | str, now: float) -> AuthState:
                      identity_url=str(doc.get("identity_url") or ""), expires=now + ttl)
 
 
-def _compile(pattern: Any, what: str) -> re.Pattern:
+def _compile(pattern: Any, what: str) -> Any:
     if not isinstance(pattern, str):
         raise InvalidAuthReply(f"unable to compile {what} {pattern!r}: not a string")
     try:
-        return re.compile(pattern)
-    except re.error as err:
-        raise InvalidAuthReply(f"unable to compile {what} {pattern!r} {err}") from None
+        return re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as err:
+        reason = err.args[0] if err.args else ""
+        reason = reason.decode(errors="replace") if isinstance(reason, bytes) else reason
+        raise InvalidAuthReply(f"unable to compile {what} {pattern!r} {reason}") from None
 
 
 def auth_url(address: str) -> str:
@@ -158,7 +170,8 @@ class Identity:
 
 @dataclass
 class Authenticator:
-    """The broker's side of the auth protocol: asks the auth servers, caches for ``ttl``.
+    """The broker's side of the auth protocol: asks the auth servers. It keeps no
+    answers: each ``ClientAuth`` keeps its own, for its ``ttl``.
 
     One per broker, shared by every listener; must be used on the broker's loop.
     """
@@ -168,7 +181,6 @@ class Authenticator:
     connect_timeout: float = 2.0
     request_timeout: float = 5.0
     clock: Callable[[], float] = time.monotonic
-    _cache: dict[Identity, AuthState] = field(default_factory=dict)
     _session: Any = None
 
     @classmethod
@@ -178,25 +190,6 @@ class Authenticator:
         return cls(list(options.auth_http_addresses), options.auth_http_request_method,
                    options.http_client_connect_timeout / 1000,
                    options.http_client_request_timeout / 1000)
-
-    def cached(self, who: Identity) -> AuthState | None:
-        """The cached answer for ``who`` while its ttl runs, else None."""
-        state = self._cache.get(who)
-        if state is not None and state.is_expired(self.clock()):
-            del self._cache[who]
-            return None
-        return state
-
-    async def state(self, who: Identity) -> AuthState:
-        """The answer for ``who``: cached, or asked now. Raises AuthFailed."""
-        state = self.cached(who)
-        if state is None:
-            state = await self.query(who)
-            self._cache[who] = state
-            if len(self._cache) > 10_000:  # bounded: forget the oldest answers first
-                for key in list(self._cache)[:1000]:
-                    del self._cache[key]
-        return state
 
     async def query(self, who: Identity) -> AuthState:
         """Ask the auth servers, a random one first; AuthFailed when none gives a valid answer."""
@@ -235,11 +228,14 @@ class Authenticator:
 
 
 class ClientAuth:
-    """One client's standing with the auth servers (a TCP connection, a gRPC call).
+    """One connection's standing with the auth servers (a TCP connection; a gRPC or
+    HTTP connection, known by its peer address).
 
     ``auth(secret)`` is nsqd's AUTH; ``check(command, topic, channel)`` its
     checkAuth. ``needs_query()`` says ``check`` would have to ask the auth
     server again first (no answer yet, or its ttl ran out): call ``refresh()``.
+    ``principal`` names who the answer says the client is, for what the broker
+    keeps on its behalf (leases, producer ids).
     """
 
     def __init__(self, authenticator: Authenticator, remote_ip: str, *, tls: bool = False,
@@ -271,8 +267,17 @@ class ClientAuth:
         return False
 
     async def refresh(self) -> None:
+        """Ask the auth servers now (AuthFailed when they refuse or fail)."""
         self.state = None
-        self.state = await self.authenticator.state(self.identity())
+        self.state = await self.authenticator.query(self.identity())
+
+    @property
+    def principal(self) -> str:
+        """Who the client is: the auth server's ``identity``, else (none given) a digest
+        of the secret. Two secrets the auth server names alike are one principal."""
+        if self.state is not None and self.state.identity:
+            return "identity:" + self.state.identity
+        return "secret:" + hashlib.sha256((self.secret or "").encode()).hexdigest()[:32]
 
     def check(self, command: str, topic: str | None, channel: str = "") -> None:
         """Raise unless this client may ``command``: publish with no channel, subscribe
@@ -283,6 +288,17 @@ class ClientAuth:
             raise Unauthorized("AUTH no authorizations found")
         if topic is not None and not self.state.is_allowed(topic, channel):
             raise Unauthorized(f"AUTH failed for {command} on {topic!r} {channel!r}")
+
+    def require(self, command: str, needs: "Iterable[Any]") -> None:
+        """Raise unless this client has every right of ``needs`` (``rules.Need``); with
+        none, any accepted secret will do."""
+        self.check(command, None)
+        for need in needs:
+            if need.permission == "subscribe" and not need.channel:
+                raise Unauthorized(f"AUTH failed for {command} on {need.topic!r}: "
+                                   f"subscribing needs a channel")
+            self.check(command, need.topic, need.channel if need.permission == "subscribe"
+                       else "")
 
     def reply(self) -> bytes:
         """nsqd's answer to a successful AUTH."""

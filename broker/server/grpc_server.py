@@ -24,8 +24,9 @@ from ..errors import (ERROR_CODE_METADATA, BrokerError, ChannelNotFound, Conflic
                       InvalidRequest, NotFound, NotInFlight, StorageFailed, Unavailable)
 from ..message import Message
 from ..security.auth import AuthError, Unauthorized
-from ..security.grpc_auth import remote_ip
 from ..options import split_listen_address
+from ..security import rules
+from ..security.grpc_auth import principal_of, remote_ip
 from ..stats import ClientIdentity, host_port
 from .limits import STREAM_REPLIES
 
@@ -288,7 +289,8 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def Publish(self, request: pb.PublishRequest, context) -> pb.PublishResponse:
         try:
             ids = [self.broker.publish(request.topic, request.body, defer_ms=request.defer_ms,
-                                       producer_id=request.producer_id,
+                                       producer_id=rules.producer_id(principal_of(context),
+                                                                     request.producer_id),
                                        sequence=request.sequence, ttl_ms=request.ttl_ms)]
         except BrokerError as err:
             await abort(context, err)
@@ -298,7 +300,8 @@ class BrokerService(pb_grpc.BrokerServicer):
         try:
             ids = self.broker.multi_publish(request.topic, request.bodies,
                                             defer_ms=request.defer_ms,
-                                            producer_id=request.producer_id,
+                                            producer_id=rules.producer_id(
+                                                principal_of(context), request.producer_id),
                                             sequence=request.sequence,
                                             ttl_ms=request.ttl_ms)
         except BrokerError as err:
@@ -573,7 +576,8 @@ class BrokerService(pb_grpc.BrokerServicer):
     # -- leases -----------------------------------------------------------
     async def OpenLeaseSession(self, request, context):
         session = self.broker.open_lease_session(request.client_id or context.peer(),
-                                                 request.session_id, request.grace_ms)
+                                                 request.session_id, request.grace_ms,
+                                                 owner=principal_of(context))
         stream = session.stream
         try:
             yield pb.LeaseSessionEvent(session_id=session.session_id,

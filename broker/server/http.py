@@ -8,6 +8,8 @@ OPTIONS) sent by a browser on behalf of another site is refused with 403
 ``CROSS_ORIGIN_REQUEST``: ``Sec-Fetch-Site`` other than ``same-origin`` or
 ``none``, or an ``Origin`` whose host is not the one addressed. Clients that
 are not browsers (curl, NSQ's libraries) send neither header and are served.
+A request whose ``Host`` the listener does not answer to (DNS rebinding; see
+``broker/security/hosts.py``) is refused with 403 ``HOST_NOT_ALLOWED``.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ from ..errors import (AdminFailed, BodyTooBig, BrokerError, ChannelNotFound, Inv
                       MessageTooBig, NotFound, StorageFailed, TopicNotFound, Unavailable)
 from ..names import is_valid_name
 from ..options import parse_duration_ms, split_listen_address
-from ..stats import host_port
+from ..security import hosts
 from ..security.auth import AuthError, AuthFirst, Unauthorized
+from ..security.hosts import HostPolicy
+from ..stats import host_port
 from .limits import HTTP_IDLE_TIMEOUT
 from .wire import parse_mpub
 
@@ -180,11 +184,20 @@ class HttpApi:
         self.broker = broker
         self.addresses = addresses  # filled in as servers bind: grpc, tcp, http
         self.security, self.tls = security, tls  # broker/security: HTTPS, TLS policy, auth
-        middlewares = [_nsqd_answers]   # outermost: maps the errors of all below it
+        self.hosts = HostPolicy()   # the Host names it answers to, set when it listens
+
+        @web.middleware
+        async def host_allowed(request: web.Request, handler) -> web.StreamResponse:
+            if not self.hosts.allows(request.headers.get("Host")):
+                raise HttpError(403, "HOST_NOT_ALLOWED")
+            return await handler(request)
+
+        # _nsqd_answers outermost: it maps the errors of all below it.
+        middlewares = [_nsqd_answers, host_allowed]
         if security is not None:
             from ..security.http_auth import security_middleware
             middlewares.append(security_middleware(
-                security, tls=tls,
+                security, broker, tls=tls,
                 https_port=lambda: int(addresses.get("https", ":0").rpartition(":")[2] or 0)))
 
         @web.middleware
@@ -342,6 +355,7 @@ class HttpApi:
     async def start(self, address: str) -> str:
         host, port = split_listen_address(address, "https-address" if self.tls
                                           else "http-address")
+        self.hosts = hosts.policy(self.broker.options, address)
         # After an early answer (413), read what the client still sends for 1 s at most.
         # aiohttp's keep-alive timer runs from the connection's start and from each
         # answer, and is not reset by parts of a request: it bounds headers sent slowly
