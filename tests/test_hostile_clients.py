@@ -12,9 +12,7 @@ import asyncio
 import json
 import logging
 import socket
-import ssl
 import struct
-import threading
 import time
 
 import grpc
@@ -26,21 +24,13 @@ from broker.api import broker_pb2_grpc as pb_grpc
 from broker.options import split_listen_address
 from broker.server.http import HttpApi
 
-from .helpers import Daemon, free_port, wait_for
+from .helpers import Daemon, free_port, rss
 from .securitykit import Raw, make_certs
 
 # What one hostile connection may add to the broker's RSS (its budgets, see
 # broker/server/limits.py, plus the allocator's slack) while it attacks.
 RSS_GROWTH_BOUND = 32 << 20
 ATTACK_SECONDS = 4.0
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def start_daemon(*args: str) -> Daemon:

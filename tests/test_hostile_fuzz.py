@@ -14,7 +14,6 @@ import os
 import socket
 import struct
 import subprocess
-import time
 
 import grpc
 import pytest
@@ -23,7 +22,7 @@ from hypothesis import strategies as st
 
 from broker.api import broker_pb2 as pb
 
-from .helpers import bin_path, free_port, wait_for
+from .helpers import bin_path, free_port, rss, wait_for
 
 EXAMPLES = int(os.environ.get("HOSTILE_FUZZ_EXAMPLES", 150))
 RSS_BOUND = 128 << 20           # over the broker's RSS at start, for the whole session
@@ -35,14 +34,6 @@ NSQ_CODES = {b"E_INVALID", b"E_BAD_PROTOCOL", b"E_BAD_TOPIC", b"E_BAD_CHANNEL", 
              b"E_AUTH_DISABLED", b"E_AUTH_FIRST", b"E_AUTH_FAILED", b"E_UNAUTHORIZED",
              b"E_PUB_FAILED", b"E_MPUB_FAILED", b"E_DPUB_FAILED"}
 INPUTS = {"tcp": 0, "http": 0, "grpc": 0}
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 class Broker:
