@@ -115,6 +115,9 @@ class Options:
                      "max_memory_bytes", "max_attempts"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must not be negative")
+        for name in ("grpc_address", "tcp_address", "http_address", "https_address"):
+            if getattr(self, name):
+                split_listen_address(getattr(self, name), name.replace("_", "-"))
         self.lookupd_tcp_address = _addresses(self.lookupd_tcp_address, "lookupd-tcp-address")
         if self.lookupd_tcp_address and not (self.tcp_address and self.http_address):
             raise ValueError("lookupd-tcp-address needs tcp-address and http-address: "

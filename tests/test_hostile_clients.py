@@ -273,3 +273,11 @@ def test_listen_addresses_are_host_port_or_ipv6_in_brackets(address, parsed):
 def test_a_bad_listen_address_is_refused_naming_the_option(address):
     with pytest.raises(ValueError, match="tcp-address: expected host:port"):
         split_listen_address(address, "tcp-address")
+
+
+def test_pynsqd_refuses_an_ipv6_listen_address_without_brackets_naming_the_flag(capsys):
+    from broker.daemon import main as pynsqd
+
+    with pytest.raises(SystemExit):
+        pynsqd(["--tcp-address", "::1:4150"])
+    assert "tcp-address: expected host:port (an IPv6 host in brackets" in capsys.readouterr().err

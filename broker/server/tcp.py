@@ -600,9 +600,7 @@ class V2Connection(asyncio.Protocol):
     def _fin_many(self, ids: list[str]) -> None:
         """FIN lines read at once (see ``wire.read_fins``): each failure gets its
         error, in order, as the same FINs read one by one would."""
-        consumer = self.consumer
-        if consumer is None or consumer.channel is None:
-            raise InvalidRequest("cannot FIN in current state")
+        consumer = self.consumer   # a subscribed state's: it has a channel
         for err in consumer.channel.finish_many(consumer, ids):
             self._error(err)
 
