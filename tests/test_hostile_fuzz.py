@@ -48,6 +48,7 @@ class Broker:
         self.channel = grpc.insecure_channel(self.grpc)
         wait_for(self.answers, 30, message="pynsqd to start")
         self.base_rss = rss(self.proc.pid)
+        self.peak_growth = 0
 
     def answers(self) -> bool:
         assert self.proc.poll() is None, f"pynsqd exited: {self.log_text()}"
@@ -62,6 +63,7 @@ class Broker:
         """Alive, answering, within its RSS bound."""
         assert self.answers(), "pynsqd stopped answering"
         grown = rss(self.proc.pid) - self.base_rss
+        self.peak_growth = max(self.peak_growth, grown)
         assert grown < RSS_BOUND, f"pynsqd's RSS grew {grown >> 20} MiB"
 
     def log_text(self) -> str:
@@ -83,7 +85,8 @@ def target(tmp_path_factory):
     broker.stop()
     log = broker.log_text()
     print(f"\nhostile fuzz inputs: {INPUTS} ({sum(INPUTS.values())} in all); "
-          f"{len(log.splitlines())} log lines")
+          f"{len(log.splitlines())} log lines; RSS {broker.base_rss >> 20} MiB at start, "
+          f"at most {broker.peak_growth >> 20} MiB more")
     assert "Traceback" not in log, log[-3000:]
 
 
