@@ -217,7 +217,7 @@ class Options:
                 raise ValueError(f"{name.replace('_', '-')} must not be negative")
         for name in ("grpc_address", "tcp_address", "http_address", "https_address"):
             if getattr(self, name):
-                check_listen_address(getattr(self, name), name.replace("_", "-"))
+                split_listen_address(getattr(self, name), name.replace("_", "-"))
         self.lookupd_tcp_address = _addresses(self.lookupd_tcp_address, "lookupd-tcp-address")
         if self.lookupd_tcp_address and not (self.tcp_address and self.http_address):
             raise ValueError("lookupd-tcp-address needs tcp-address and http-address: "
@@ -324,14 +324,6 @@ def parse_bool(value: Any, name: str) -> bool:
     if text in ("0", "f", "false"):
         return False
     raise ValueError(f"{name}: expected true or false, got {value!r}")
-
-
-def check_listen_address(address: str, name: str) -> None:
-    """A listener's ``host:port`` (port 0: any free one); an error naming ``name``."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"{name}: expected host:port with a port from 0 to 65535, "
-                         f"got {address!r}")
 
 
 def split_host_port(address: str, name: str = "address") -> tuple[str, int]:

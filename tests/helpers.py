@@ -87,3 +87,12 @@ class Daemon:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(30)
+
+
+def rss(pid: int) -> int:
+    """The resident memory of process ``pid`` in bytes (Linux: /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for process {pid}")

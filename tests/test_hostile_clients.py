@@ -12,9 +12,7 @@ import asyncio
 import json
 import logging
 import socket
-import ssl
 import struct
-import threading
 import time
 
 import grpc
@@ -26,21 +24,13 @@ from broker.api import broker_pb2_grpc as pb_grpc
 from broker.options import split_listen_address
 from broker.server.http import HttpApi
 
-from .helpers import Daemon, free_port, wait_for
+from .helpers import Daemon, free_port, rss
 from .securitykit import Raw, make_certs
 
 # What one hostile connection may add to the broker's RSS (its budgets, see
 # broker/server/limits.py, plus the allocator's slack) while it attacks.
 RSS_GROWTH_BOUND = 32 << 20
 ATTACK_SECONDS = 4.0
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def start_daemon(*args: str) -> Daemon:
@@ -283,3 +273,11 @@ def test_listen_addresses_are_host_port_or_ipv6_in_brackets(address, parsed):
 def test_a_bad_listen_address_is_refused_naming_the_option(address):
     with pytest.raises(ValueError, match="tcp-address: expected host:port"):
         split_listen_address(address, "tcp-address")
+
+
+def test_pynsqd_refuses_an_ipv6_listen_address_without_brackets_naming_the_flag(capsys):
+    from broker.daemon import main as pynsqd
+
+    with pytest.raises(SystemExit):
+        pynsqd(["--tcp-address", "::1:4150"])
+    assert "tcp-address: expected host:port (an IPv6 host in brackets" in capsys.readouterr().err

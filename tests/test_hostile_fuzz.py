@@ -14,7 +14,6 @@ import os
 import socket
 import struct
 import subprocess
-import time
 
 import grpc
 import pytest
@@ -23,7 +22,7 @@ from hypothesis import strategies as st
 
 from broker.api import broker_pb2 as pb
 
-from .helpers import bin_path, free_port, wait_for
+from .helpers import bin_path, free_port, rss, wait_for
 
 EXAMPLES = int(os.environ.get("HOSTILE_FUZZ_EXAMPLES", 150))
 RSS_BOUND = 128 << 20           # over the broker's RSS at start, for the whole session
@@ -35,14 +34,6 @@ NSQ_CODES = {b"E_INVALID", b"E_BAD_PROTOCOL", b"E_BAD_TOPIC", b"E_BAD_CHANNEL", 
              b"E_AUTH_DISABLED", b"E_AUTH_FIRST", b"E_AUTH_FAILED", b"E_UNAUTHORIZED",
              b"E_PUB_FAILED", b"E_MPUB_FAILED", b"E_DPUB_FAILED"}
 INPUTS = {"tcp": 0, "http": 0, "grpc": 0}
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 class Broker:
@@ -57,6 +48,7 @@ class Broker:
         self.channel = grpc.insecure_channel(self.grpc)
         wait_for(self.answers, 30, message="pynsqd to start")
         self.base_rss = rss(self.proc.pid)
+        self.peak_growth = 0
 
     def answers(self) -> bool:
         assert self.proc.poll() is None, f"pynsqd exited: {self.log_text()}"
@@ -71,6 +63,7 @@ class Broker:
         """Alive, answering, within its RSS bound."""
         assert self.answers(), "pynsqd stopped answering"
         grown = rss(self.proc.pid) - self.base_rss
+        self.peak_growth = max(self.peak_growth, grown)
         assert grown < RSS_BOUND, f"pynsqd's RSS grew {grown >> 20} MiB"
 
     def log_text(self) -> str:
@@ -92,7 +85,8 @@ def target(tmp_path_factory):
     broker.stop()
     log = broker.log_text()
     print(f"\nhostile fuzz inputs: {INPUTS} ({sum(INPUTS.values())} in all); "
-          f"{len(log.splitlines())} log lines")
+          f"{len(log.splitlines())} log lines; RSS {broker.base_rss >> 20} MiB at start, "
+          f"at most {broker.peak_growth >> 20} MiB more")
     assert "Traceback" not in log, log[-3000:]
 
 

@@ -19,8 +19,10 @@ message of ``--max-msg-size``) is disconnected at once.
 from __future__ import annotations
 
 #: Replies (error frames of a few dozen bytes, CLOSE_WAIT) a gRPC consumer stream may
-#: have waiting to be sent; at it the stream reads no more requests until they are
-#: sent. Above max-rdy-count's default, so a FIN of all a consumer holds is one slice.
+#: have waiting to be sent: at it the stream reads no more requests until they are
+#: sent. A FIN or TOUCH naming more ids runs in slices of this many (one slice's
+#: errors can take the queue to twice it). Above max-rdy-count's default, so a FIN of
+#: all a consumer holds is one slice.
 STREAM_REPLIES = 4096
 #: Most a TCP connection may have unsent, beyond one message of --max-msg-size
 #: (messages and replies in the broker's buffers); past it the client is disconnected.

@@ -261,7 +261,12 @@ class V2Connection(asyncio.Protocol):
         self.out_bytes += len(data)
         if self.write_paused:
             self._hold_output()
-        elif self.out_bytes >= self.output_buffer_size:
+        self._queued()
+
+    def _queued(self) -> None:
+        """Output was queued: written at once when it fills the client's output
+        buffer, else when this pass of the event loop ends."""
+        if self.out_bytes >= self.output_buffer_size:
             self._write_out()
         elif not self.flush_scheduled:
             self.flush_scheduled = True
@@ -270,9 +275,6 @@ class V2Connection(asyncio.Protocol):
     def _hold_output(self) -> None:
         """Stop reading until the socket drains; a client whose unsent output passes
         the budget anyway is disconnected."""
-        if not self.flush_scheduled:
-            self.flush_scheduled = True
-            self.loop.call_soon(self._flush)
         if not self.output_held:
             self.output_held = True
             self._update_reading()
@@ -313,11 +315,7 @@ class V2Connection(asyncio.Protocol):
     def _on_messages(self, msgs: "list[Message] | tuple[Message, ...]") -> None:
         # The frames' parts go out as they are: joined once per write, not per message.
         self.out_bytes += wire.add_message_frames(self.out, msgs)
-        if self.out_bytes >= self.output_buffer_size:
-            self._write_out()
-        elif not self.flush_scheduled:
-            self.flush_scheduled = True
-            self.loop.call_soon(self._flush)
+        self._queued()
 
     def _set_buffer_limits(self) -> None:
         if self.transport is not None:
@@ -602,9 +600,7 @@ class V2Connection(asyncio.Protocol):
     def _fin_many(self, ids: list[str]) -> None:
         """FIN lines read at once (see ``wire.read_fins``): each failure gets its
         error, in order, as the same FINs read one by one would."""
-        consumer = self.consumer
-        if consumer is None or consumer.channel is None:
-            raise InvalidRequest("cannot FIN in current state")
+        consumer = self.consumer   # a subscribed state's: it has a channel
         for err in consumer.channel.finish_many(consumer, ids):
             self._error(err)
 
