@@ -344,8 +344,8 @@ def split_listen_address(address: str, name: str = "address") -> tuple[str, int]
         host = host[1:-1]
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536 \
             or ("[" in host or "]" in host) or (":" in host and not bracketed):
-        raise ValueError(f"{name}: expected host:port (an IPv6 host in brackets, "
-                         f"[::1]:4150), got {address!r}")
+        raise ValueError(f"{name}: expected host:port with a port from 0 to 65535 (an IPv6 "
+                         f"host in brackets: [::1]:4150), got {address!r}")
     return host, int(port)
 
 

@@ -126,7 +126,8 @@ def pynsqd(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("args, text", [
     (("--tcp-address", "127.0.0.1:99999"), "tcp-address: expected host:port with a port from "
-                                           "0 to 65535, got '127.0.0.1:99999'"),
+                                           "0 to 65535 (an IPv6 host in brackets: [::1]:4150), "
+                                           "got '127.0.0.1:99999'"),
     (("--msg-timeout", "30"), "msg-timeout: expected a duration such as '60s', '1m30s' or "
                               "'500ms', got '30' (a unit is required: '30s' or '30ms'?)"),
     (("--max-rdy-count", "many"), "argument --max-rdy-count: invalid int value: 'many'"),

@@ -53,7 +53,7 @@ class Broker:
     def answers(self) -> bool:
         assert self.proc.poll() is None, f"pynsqd exited: {self.log_text()}"
         try:
-            _, status = http_request(self.http, b"GET /ping HTTP/1.1\r\nHost: x\r\n"
+            _, status = http_request(self.http, b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                                                 b"Connection: close\r\n\r\n")
             return status == 200
         except OSError:
@@ -248,7 +248,7 @@ def test_http_hostile_requests_get_nsqds_answers_and_never_500(
     qs = "&".join(f"{k}={v}" for k, v in query)
     target_path = (path + ("?" + qs if qs else "")).encode("utf-8", "replace")
     request = (method.encode("utf-8", "replace") + b" " + target_path + b" HTTP/1.1\r\n"
-               + b"Host: x\r\nConnection: close\r\n" + b"".join(h + b"\r\n" for h in headers)
+               + b"Host: 127.0.0.1\r\nConnection: close\r\n" + b"".join(h + b"\r\n" for h in headers)
                + b"\r\n" + body)
     if cut is not None:
         request = request[:cut]
