@@ -103,6 +103,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     logging.basicConfig(level=options.log_level.upper(), stream=sys.stderr,
                         format="[pynsqd] %(asctime)s %(levelname)s: %(message)s")
+    try:
+        if options.workers > 1:   # a supervisor of one broker process per worker
+            from .workers import run_supervisor
+            return run_supervisor(options)
+        from .workers import check_data_path
+        check_data_path(options.data_path, options.workers)
+    except (OSError, DataPathLocked, ValueError) as err:
+        logging.getLogger("pynsqd").error("%s", err)
+        return 1
     logging.getLogger("pynsqd").info("open-file limit: %d", raise_open_file_limit())
     tune_garbage_collector()
     try:

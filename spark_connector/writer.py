@@ -42,6 +42,7 @@ from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrow
 from pyspark.sql.types import BinaryType, IntegralType, StringType, StructType
 
 from broker.client import Client
+from broker.workers import worker_addresses, worker_for
 
 from broker.security.client import SPARK_OPTIONS, ClientSecurity
 
@@ -121,8 +122,17 @@ class PartitionPublisher:
 
     def __init__(self, address: str, default_topic: str | None, producer_id: str,
                  batch_size: int, where: str, security: ClientSecurity | None = None) -> None:
-        self.client = Client(address, **(security.client_kwargs() if security else {}))
-        self.max_size = self.client.info().max_msg_size
+        kwargs = security.client_kwargs() if security else {}
+        self.client = Client(address, **kwargs)
+        info = self.client.info()
+        if info.workers:
+            # pynsqd --workers: each worker keeps its own de-duplication window, so every
+            # attempt of this producer id goes to the worker its id hashes to, not to the
+            # one the kernel gave this connection.
+            self.client.close()
+            self.client = Client(worker_for(producer_id, worker_addresses(address, info.workers)),
+                                 **kwargs)
+        self.max_size = info.max_msg_size
         self.default_topic = default_topic
         self.producer_id = producer_id
         self.batch_size = batch_size

@@ -321,7 +321,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("version", "grpc_address", "start_time", "max_msg_size", "max_rdy_count", "msg_timeout_ms", "max_msg_timeout_ms", "max_req_timeout_ms")
+    __slots__ = ("version", "grpc_address", "start_time", "max_msg_size", "max_rdy_count", "msg_timeout_ms", "max_msg_timeout_ms", "max_req_timeout_ms", "workers")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -330,6 +330,7 @@ class InfoResponse(_message.Message):
     MSG_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_MSG_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_REQ_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
     version: str
     grpc_address: str
     start_time: int
@@ -338,7 +339,8 @@ class InfoResponse(_message.Message):
     msg_timeout_ms: int
     max_msg_timeout_ms: int
     max_req_timeout_ms: int
-    def __init__(self, version: _Optional[str] = ..., grpc_address: _Optional[str] = ..., start_time: _Optional[int] = ..., max_msg_size: _Optional[int] = ..., max_rdy_count: _Optional[int] = ..., msg_timeout_ms: _Optional[int] = ..., max_msg_timeout_ms: _Optional[int] = ..., max_req_timeout_ms: _Optional[int] = ...) -> None: ...
+    workers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[str] = ..., grpc_address: _Optional[str] = ..., start_time: _Optional[int] = ..., max_msg_size: _Optional[int] = ..., max_rdy_count: _Optional[int] = ..., msg_timeout_ms: _Optional[int] = ..., max_msg_timeout_ms: _Optional[int] = ..., max_req_timeout_ms: _Optional[int] = ..., workers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LeaseSessionRequest(_message.Message):
     __slots__ = ("client_id", "session_id", "grace_ms")

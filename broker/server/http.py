@@ -197,7 +197,9 @@ class HttpApi:
             "tcp_port": int(tcp.rpartition(":")[2] or 0),
             "http_port": int(http.rpartition(":")[2] or 0),
             "grpc_address": self.addresses.get("grpc", ""),
-            "start_time": self.broker.start_time})
+            "start_time": self.broker.start_time,
+            # pynsqd --workers: every worker's own addresses (absent for a single broker)
+            **({"workers": list(self.broker.workers)} if self.broker.workers else {})})
 
     async def pub(self, request: web.Request) -> web.Response:
         limit = self.broker.options.max_msg_size
@@ -311,12 +313,15 @@ class HttpApi:
         return handle
 
     # -- serving ----------------------------------------------------------
-    async def start(self, address: str) -> str:
+    async def start(self, address: str, reuse_port: bool = False) -> str:
+        """Listen on ``address``; with ``reuse_port``, beside other processes listening
+        there the same way (``pynsqd --workers``)."""
         host, _, port = address.rpartition(":")
         # After an early answer (413), read what the client still sends for 1 s at most.
         self.runner = web.AppRunner(self.app, access_log=None, lingering_time=1.0)
         await self.runner.setup()
         site = web.TCPSite(self.runner, host, int(port), reuse_address=True,
+                           reuse_port=reuse_port or None,
                            ssl_context=self.security.tls_context if self.tls else None)
         try:
             await site.start()

@@ -1,0 +1,298 @@
+"""``pynsqd --workers N``: one broker process per core, used as one service by NSQ's
+clients (through the real nsqlookupd), the ``pynsq`` CLI and the Spark writer."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from broker import Client
+from broker.options import Options
+from broker.workers import check_data_path, reserve_port, worker_for
+
+from .helpers import bin_path, free_port, wait_for
+from .nsqkit import Lookupd, http_json, nsq_binary
+
+CLIENTS = Path(__file__).parent / "clients"
+WORKER_LINE = re.compile(r"(worker-\d+) \(pid (\d+)\)")
+
+
+class Supervisor:
+    """``pynsqd --workers N`` as a subprocess on free loopback ports, registered with
+    ``lookupd``; its log is kept to learn each worker's pid."""
+
+    def __init__(self, data: Path, lookupd: Lookupd, workers: int = 2) -> None:
+        self.grpc = f"127.0.0.1:{free_port()}"
+        self.tcp = f"127.0.0.1:{free_port()}"
+        self.http = f"127.0.0.1:{free_port()}"
+        self.proc = subprocess.Popen(
+            [bin_path("pynsqd"), "--workers", str(workers), "--grpc-address", self.grpc,
+             "--tcp-address", self.tcp, "--http-address", self.http, "--data-path", str(data),
+             "--lookupd-tcp-address", lookupd.tcp_address, "--broadcast-address", "127.0.0.1"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.log: list[str] = []
+        threading.Thread(target=self._read_log, daemon=True).start()
+        self.count = workers
+
+    def _read_log(self) -> None:
+        for line in self.proc.stderr:
+            self.log.append(line)
+
+    def wait_ready(self) -> "Supervisor":
+        def ready() -> bool:
+            assert self.proc.poll() is None, "".join(self.log)
+            return any(f"{self.count} workers behind" in line for line in self.log)
+
+        wait_for(ready, 60, interval=0.05, message="the workers to serve")
+        return self
+
+    @property
+    def workers(self) -> list[dict]:
+        """Each worker's own addresses, as the shared HTTP port's /info lists them."""
+        return http_json(f"http://{self.http}/info")["workers"]
+
+    def pid(self, name: str) -> int:
+        pids = [int(m.group(2)) for line in self.log
+                if (m := WORKER_LINE.search(line)) and m.group(1) == name]
+        return pids[-1]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(60)
+
+
+@pytest.fixture
+def lookupd():
+    daemon = Lookupd().start()
+    yield daemon
+    daemon.stop()
+
+
+@pytest.fixture
+def supervisor(tmp_path, lookupd):
+    sup = Supervisor(tmp_path / "data", lookupd).wait_ready()
+    yield sup
+    if sup.proc.poll() is None:
+        sup.proc.kill()
+        sup.proc.wait(30)
+
+
+def pynsq(*args: str, address: str, stdin: str | None = None) -> str:
+    out = subprocess.run([bin_path("pynsq"), "--address", address, *args], input=stdin,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def http_pub(address: str, topic: str, body: str) -> None:
+    request = urllib.request.Request(f"http://{address}/pub?topic={topic}", data=body.encode(),
+                                     method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:  # a connection each
+        assert response.read() == b"OK"
+
+
+def message_counts(sup: Supervisor, topic: str) -> list[int]:
+    """The topic's message count on each worker, from its own /stats."""
+    counts = []
+    for worker in sup.workers:
+        stats = http_json(f"http://{worker['http']}/stats?format=json&topic={topic}")
+        counts.append(sum(t["message_count"] for t in stats["topics"]))
+    return counts
+
+
+def listed_workers(lookupd: Lookupd, topic: str) -> int:
+    return len(lookupd.lookup(topic))
+
+
+# -- planning and the data path (no processes) ----------------------------------------
+def test_workers_auto_and_zero_mean_one_per_core_and_a_bad_count_is_named():
+    cores = len(os.sched_getaffinity(0))
+    assert Options(workers="auto").workers == cores
+    assert Options(workers=0).workers == cores
+    assert Options(workers="3").workers == 3
+    with pytest.raises(ValueError, match="workers: expected a number of workers or auto"):
+        Options(workers="many")
+    with pytest.raises(ValueError, match="workers: at most 1024"):
+        Options(workers=2000)
+
+
+def test_a_data_path_holding_messages_this_layout_would_not_read_is_refused(tmp_path):
+    single = tmp_path / "single"
+    (single / "topics").mkdir(parents=True)
+    with pytest.raises(ValueError, match="holds a single broker's data"):
+        check_data_path(str(single), 2)
+    check_data_path(str(single), 1)
+
+    four = tmp_path / "four"
+    for i in range(4):
+        (four / f"worker-{i}" / "topics").mkdir(parents=True)
+    with pytest.raises(ValueError, match="worker-3 holds messages, so --workers must be at "
+                                         "least 4"):
+        check_data_path(str(four), 2)
+    with pytest.raises(ValueError, match="start it with --workers 4"):
+        check_data_path(str(four), 1)
+    check_data_path(str(four), 4)
+    check_data_path(str(four), 8)
+
+
+def test_a_key_belongs_to_the_same_worker_in_every_process():
+    addresses = ["h:1", "h:2", "h:3"]
+    code = ("from broker.workers import worker_for; "
+            "print(worker_for('query:to-out:7:3', ['h:1', 'h:2', 'h:3']))")
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True, env={**os.environ, "PYTHONHASHSEED": "random"})
+    assert other.stdout.strip() == worker_for("query:to-out:7:3", addresses)
+    assert {worker_for(f"q:w:1:{p}", addresses) for p in range(30)} == set(addresses)
+
+
+# -- NSQ's clients, the CLI, nsqlookupd --------------------------------------------------
+def test_nsq_clients_and_the_cli_use_the_workers_as_one_service(supervisor, lookupd):
+    topic = "events"
+    # Admin through the shared address reaches every worker.
+    pynsq("channel", "create", topic, "tail", address=supervisor.grpc)
+    pynsq("channel", "create", topic, "reader", address=supervisor.grpc)
+    for worker in supervisor.workers:
+        stats = http_json(f"http://{worker['http']}/stats?format=json&topic={topic}")
+        assert {c["channel_name"] for c in stats["topics"][0]["channels"]} == {"tail", "reader"}
+
+    sent = [f"http-{i}" for i in range(40)]                # 40 connections to the shared port
+    for body in sent:
+        http_pub(supervisor.http, topic, body)
+    lines = [f"cli-{i}" for i in range(20)]
+    pynsq("pub", topic, address=supervisor.grpc, stdin="\n".join(lines) + "\n")
+    to_nsq = [f"to-nsq-{i}" for i in range(20)]
+    subprocess.run([nsq_binary("to_nsq"), "--nsqd-tcp-address", supervisor.tcp,
+                    "--topic", topic], input="\n".join(to_nsq) + "\n", text=True,
+                   capture_output=True, timeout=60, check=True)
+    out = subprocess.run([sys.executable, str(CLIENTS / "pynsq_client.py"), "publish",
+                          supervisor.tcp, topic], capture_output=True, timeout=60, check=True)
+    assert json.loads(out.stdout) == ["OK", "OK", "OK"]
+    sent += lines + to_nsq + ["one", "two", "three", "four"]
+
+    counts = message_counts(supervisor, topic)
+    assert sum(counts) == len(sent)
+    assert all(counts), f"every worker got some: {counts}"
+    wait_for(lambda: listed_workers(lookupd, topic) == 2, 30,
+             message="nsqlookupd to list both workers")
+
+    tail = subprocess.run([nsq_binary("nsq_tail"), "--lookupd-http-address",
+                           lookupd.http_address, "--topic", topic, "--channel", "tail",
+                           "-n", str(len(sent))], capture_output=True, timeout=120, check=True)
+    assert sorted(tail.stdout.decode().split()) == sorted(sent)
+
+    out = subprocess.run([sys.executable, str(CLIENTS / "pynsq_lookupd_reader.py"),
+                          lookupd.http_address, topic, "reader", str(len(sent)), "ids"],
+                         capture_output=True, timeout=120, check=True)
+    read = json.loads(out.stdout)
+    assert sorted(body for _, body in read) == sorted(sent)
+    assert len({message_id for message_id, _ in read}) == len(sent)  # ids never collide
+
+    # The CLI's stats and tail see every worker.
+    stats = pynsq("stats", "--topic", topic, address=supervisor.grpc)
+    assert stats.count(f"[{topic}]") == 2
+    more = [f"late-{i}" for i in range(10)]
+    for body in more:
+        http_pub(supervisor.http, topic, body)
+    tailed = pynsq("tail", topic, "--channel", "reader", "-n", str(len(more)),
+                   address=supervisor.grpc)
+    assert sorted(tailed.split()) == sorted(more)
+
+
+# -- a worker that dies, and the supervisor's own end ----------------------------------
+def test_a_worker_killed_with_sigkill_is_restarted_and_its_unfinished_messages_come_back(
+        supervisor):
+    topic = "orders"
+    workers = supervisor.workers
+    for worker in workers:
+        with Client(worker["grpc"], timeout=10) as client:
+            client.create_channel(topic, "work")
+    for i in range(40):
+        http_pub(supervisor.http, topic, f"order-{i}")
+    counts = message_counts(supervisor, topic)
+    assert all(counts), counts
+
+    victim = workers[1]
+    held = []
+    with Client(victim["grpc"], timeout=10) as client:
+        with client.subscribe(topic, "work", rdy=100) as sub:
+            for msg in sub:                          # in flight, never FINished
+                held.append(msg.id)
+                if len(held) == counts[1]:
+                    break
+            pid = supervisor.pid("worker-1")
+            os.kill(pid, signal.SIGKILL)
+
+    wait_for(lambda: supervisor.pid("worker-1") != pid, 30,
+             message="the supervisor to start worker-1 again")
+    assert supervisor.workers == workers              # the same addresses after the restart
+    again = []
+    with Client(victim["grpc"], timeout=10) as client:
+        with client.subscribe(topic, "work", rdy=100) as sub:
+            for msg in sub:
+                again.append(msg.id)
+                sub.fin(msg.id)
+                if len(again) == len(held):
+                    break
+    assert sorted(again) == sorted(held)
+    assert supervisor.proc.poll() is None
+    assert supervisor.stop() == 0
+
+
+def test_sigterm_stops_every_worker_cleanly_and_a_restart_loses_nothing(tmp_path, lookupd):
+    sup = Supervisor(tmp_path / "data", lookupd).wait_ready()
+    pids = [sup.pid("worker-0"), sup.pid("worker-1")]
+    for i in range(30):
+        http_pub(sup.http, "kept", f"kept-{i}")
+    counts = message_counts(sup, "kept")
+    assert sup.stop() == 0
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    for address in (sup.grpc, sup.tcp, sup.http):     # nothing holds the shared ports
+        host, _, port = address.rpartition(":")
+        reserve_port(host, int(port))
+
+    again = Supervisor(tmp_path / "data", lookupd).wait_ready()
+    try:
+        depths = [sum(t["depth"] for t in http_json(
+            f"http://{w['http']}/stats?format=json&topic=kept")["topics"])
+            for w in again.workers]
+        assert depths == counts
+    finally:
+        assert again.stop() == 0
+
+
+def test_a_shared_port_already_in_use_stops_the_supervisor_with_its_name(tmp_path):
+    with Daemonless() as busy:
+        out = subprocess.run([bin_path("pynsqd"), "--workers", "2", "--grpc-address",
+                              f"127.0.0.1:{free_port()}", "--tcp-address", busy.address,
+                              "--http-address", f"127.0.0.1:{free_port()}"],
+                             capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert f"cannot listen on {busy.address} (tcp)" in out.stderr
+
+
+class Daemonless:
+    """A socket listening on a free loopback port, as another program would."""
+
+    def __enter__(self) -> "Daemonless":
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.sock.close()
