@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import durability, grpc_throughput, nsq_bench, scaling, tcp_throughput, tls_throughput
+from . import (durability, grpc_throughput, nsq_bench, scaling, tcp_throughput, tls_throughput,
+               workers_bench)
 
 FULL = {"grpc": 200_000, "tcp": 400_000, "spark": 1_000_000, "writers": 1_000_000,
         "durable": 200_000, "durable_rounds": 3,
@@ -147,6 +148,7 @@ def collect(quick: bool) -> list[dict]:
               f"{d['memory'][f'{kind}_cpu_us_per_msg']:.2f} (medians of {d['rounds']})")
           for kind, goal in (("publish", "0.9"), ("consume", "0.8"))],
         *nsq_rows(sizes),
+        *workers_bench.rows(row, sizes["nsq_runfor"]),
         *scaling_rows(sizes),
         *tls_rows(sizes),
     ]

@@ -196,6 +196,7 @@ def test_nsq_clients_and_the_cli_use_the_workers_as_one_service(supervisor, look
     read = json.loads(out.stdout)
     assert sorted(body for _, body in read) == sorted(sent)
     assert len({message_id for message_id, _ in read}) == len(sent)  # ids never collide
+    assert len({int(message_id, 16) & 1023 for message_id, _ in read}) == 2  # two node ids
 
     # The CLI's stats and tail see every worker.
     stats = pynsq("stats", "--topic", topic, address=supervisor.grpc)
@@ -296,3 +297,28 @@ class Daemonless:
 
     def __exit__(self, *exc) -> None:
         self.sock.close()
+
+
+# -- the Spark writer: a replay meets its own de-duplication window -------------------
+def test_a_writers_replays_reach_the_worker_that_holds_its_window(supervisor):
+    from spark_connector.writer import PartitionPublisher
+
+    rows = [f"row-{i}" for i in range(50)]
+
+    def publish(producer_id: str) -> None:  # one attempt of one partition: a new connection
+        publisher = PartitionPublisher(supervisor.grpc, "out", producer_id, 20, "partition 0")
+        try:
+            for row in rows:
+                publisher.add(row)
+            publisher.finish()
+        finally:
+            publisher.close()
+
+    for _ in range(10):                     # the first attempt and nine replays
+        publish("query:to-out:7:0")
+    assert sum(message_counts(supervisor, "out")) == len(rows)
+
+    for partition in range(1, 9):           # other partitions spread over the workers
+        publish(f"query:to-out:7:{partition}")
+    counts = message_counts(supervisor, "out")
+    assert sum(counts) == 9 * len(rows) and all(counts), counts
