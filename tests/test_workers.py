@@ -322,3 +322,25 @@ def test_a_writers_replays_reach_the_worker_that_holds_its_window(supervisor):
         publish(f"query:to-out:7:{partition}")
     counts = message_counts(supervisor, "out")
     assert sum(counts) == 9 * len(rows) and all(counts), counts
+
+
+# -- the Spark source: a shared address is read as every worker -------------------------
+def test_the_spark_sources_lease_keeper_reads_every_worker_behind_a_shared_address(
+        supervisor):
+    from spark_connector.options import ReaderOptions
+    from spark_connector.session import LeaseKeeper
+
+    keeper = LeaseKeeper(ReaderOptions.parse({"address": supervisor.grpc, "topic": "clicks",
+                                              "channel": "spark"}))
+    try:
+        assert keeper.brokers() == [w["grpc"] for w in supervisor.workers]
+        keeper.ensure_channel()
+        for i in range(40):
+            http_pub(supervisor.http, "clicks", f"click-{i}")
+        leases = keeper.reserve(1, 1000, 1 << 20, None)
+        assert sum(lease["count"] for lease in leases.values()) == 40
+        assert {lease["address"] for lease in leases.values()} == set(keeper.brokers())
+        keeper.finish_through(1, leases)
+    finally:
+        keeper.close()
+    assert sum(message_counts(supervisor, "clicks")) == 40
