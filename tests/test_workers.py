@@ -163,7 +163,8 @@ def test_nsq_clients_and_the_cli_use_the_workers_as_one_service(supervisor, look
     pynsq("channel", "create", topic, "reader", address=supervisor.grpc)
     for worker in supervisor.workers:
         stats = http_json(f"http://{worker['http']}/stats?format=json&topic={topic}")
-        assert {c["channel_name"] for c in stats["topics"][0]["channels"]} == {"tail", "reader"}
+        channels = {c["channel_name"] for t in stats["topics"] for c in t["channels"]}
+        assert channels == {"tail", "reader"}, worker
 
     sent = [f"http-{i}" for i in range(40)]                # 40 connections to the shared port
     for body in sent:
