@@ -103,12 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     logging.basicConfig(level=options.log_level.upper(), stream=sys.stderr,
                         format="[pynsqd] %(asctime)s %(levelname)s: %(message)s")
-    try:
-        if options.workers > 1:   # a supervisor of one broker process per worker
-            from .workers import run_supervisor
+    from .workers import run_supervisor, uses_worker_layout
+    try:   # a supervisor of one broker process per worker
+        if options.workers > 1 or uses_worker_layout(options.data_path):
             return run_supervisor(options)
-        from .workers import check_data_path
-        check_data_path(options.data_path, options.workers)
     except (OSError, DataPathLocked, ValueError) as err:
         logging.getLogger("pynsqd").error("%s", err)
         return 1

@@ -153,23 +153,29 @@ def worker_for(key: str, addresses: list[str]) -> str:
 
 
 # -- the data path --------------------------------------------------------------
+def worker_dirs(data_path: str) -> dict[int, Path]:
+    """The ``worker-I`` directories of a data path that hold messages (more than a LOCK)."""
+    root = Path(data_path) if data_path else None
+    if root is None or not root.is_dir():
+        return {}
+    found = {int(m.group(1)): p for p in root.iterdir()
+             if p.is_dir() and (m := WORKER_DIR.match(p.name))}
+    return {i: p for i, p in found.items() if any(q.name != "LOCK" for q in p.iterdir())}
+
+
+def uses_worker_layout(data_path: str) -> bool:
+    """A data path made by ``--workers``: it is served that way, whatever ``--workers``
+    says (a single broker would not read its ``worker-I`` directories)."""
+    return bool(worker_dirs(data_path))
+
+
 def check_data_path(data_path: str, workers: int) -> None:
-    """Refuse a data path whose messages this layout would not read: a single
-    broker's data under ``--workers``, a ``worker-I`` with I past the count, or
-    workers' data under a single broker. Nothing acknowledged is left unread."""
+    """Refuse a data path whose messages ``workers`` workers would not read: a single
+    broker's data, or a ``worker-I`` holding messages with I past the count. Nothing
+    acknowledged is left unread."""
     if not data_path or not Path(data_path).is_dir():
         return
     root = Path(data_path)
-    worker_dirs = {int(m.group(1)): p for p in root.iterdir()
-                   if p.is_dir() and (m := WORKER_DIR.match(p.name))}
-    held = {i: p for i, p in worker_dirs.items() if any(q.name != "LOCK" for q in p.iterdir())}
-    if workers == 1:
-        if held:
-            needed = max(held) + 1
-            raise ValueError(f"data-path {data_path} holds the data of pynsqd --workers "
-                             f"{needed} (worker-0 ... worker-{needed - 1}): start it with "
-                             f"--workers {needed}")
-        return
     others = sorted(p.name for p in root.iterdir()
                     if p.name != "LOCK" and not (p.is_dir() and WORKER_DIR.match(p.name)))
     if others:
@@ -177,7 +183,7 @@ def check_data_path(data_path: str, workers: int) -> None:
                          f"({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}): "
                          f"--workers needs an empty directory or one made by --workers; "
                          f"start it without --workers, or give another --data-path")
-    beyond = sorted(i for i in held if i >= workers)
+    beyond = sorted(i for i in worker_dirs(data_path) if i >= workers)
     if beyond:
         raise ValueError(f"data-path {data_path}: worker-{beyond[-1]} holds messages, "
                          f"so --workers must be at least {beyond[-1] + 1} (got {workers})")
@@ -350,7 +356,7 @@ async def supervise(options: Options) -> int:
 
 
 def run_supervisor(options: Options) -> int:
-    """``pynsqd --workers N`` (N > 1): the exit code."""
+    """``pynsqd --workers N`` (or a data path made by it): the exit code."""
     from .security.tls import exposure_warnings
 
     for warning in exposure_warnings(options):

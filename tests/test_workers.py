@@ -17,7 +17,7 @@ import pytest
 
 from broker import Client
 from broker.options import Options
-from broker.workers import check_data_path, reserve_port, worker_for
+from broker.workers import check_data_path, reserve_port, uses_worker_layout, worker_for
 
 from .helpers import bin_path, free_port, wait_for
 from .nsqkit import Lookupd, http_json, nsq_binary
@@ -131,7 +131,7 @@ def test_a_data_path_holding_messages_this_layout_would_not_read_is_refused(tmp_
     (single / "topics").mkdir(parents=True)
     with pytest.raises(ValueError, match="holds a single broker's data"):
         check_data_path(str(single), 2)
-    check_data_path(str(single), 1)
+    assert not uses_worker_layout(str(single))
 
     four = tmp_path / "four"
     for i in range(4):
@@ -139,10 +139,21 @@ def test_a_data_path_holding_messages_this_layout_would_not_read_is_refused(tmp_
     with pytest.raises(ValueError, match="worker-3 holds messages, so --workers must be at "
                                          "least 4"):
         check_data_path(str(four), 2)
-    with pytest.raises(ValueError, match="start it with --workers 4"):
+    with pytest.raises(ValueError, match=r"at least 4 \(got 1\)"):
         check_data_path(str(four), 1)
+    assert uses_worker_layout(str(four))   # served by workers whatever --workers says
     check_data_path(str(four), 4)
     check_data_path(str(four), 8)
+
+
+def test_pynsqd_on_a_data_path_made_by_workers_says_how_many_workers_it_needs(tmp_path):
+    for i in range(2):
+        (tmp_path / f"worker-{i}" / "topics").mkdir(parents=True)
+    out = subprocess.run([bin_path("pynsqd"), "--data-path", str(tmp_path), "--grpc-address",
+                          f"127.0.0.1:{free_port()}", "--tcp-address", "", "--http-address", ""],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1
+    assert "worker-1 holds messages, so --workers must be at least 2 (got 1)" in out.stderr
 
 
 def test_a_key_belongs_to_the_same_worker_in_every_process():
