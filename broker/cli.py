@@ -148,7 +148,11 @@ def cmd_tail(clients: list[Client], args: argparse.Namespace) -> int:
                         if args.n and count[0] >= args.n:
                             done.set()
                             return
-        except ClientError as err:
+        except Exception as err:
+            if done.is_set():        # the others' end closed this stream: nothing lost
+                return
+            if not isinstance(err, ClientError):
+                raise
             failures.append(err)
             done.set()
 

@@ -29,6 +29,10 @@ two writers sharing one name, a copied checkpoint) fails the batch with
 ``ProducerConflict`` naming the producer: never a silent drop. Two
 ``pub_to_topic`` calls to one topic in one ``foreachBatch`` need distinct
 ``producer`` names.
+
+Against ``pynsqd --workers`` each worker keeps its own window, so a partition
+publishes on the worker a CRC-32 of its producer id picks among those the
+broker's Info lists, not on the one the shared port gave its connection.
 """
 
 from __future__ import annotations
