@@ -189,7 +189,11 @@ def test_nsq_clients_and_the_cli_use_the_workers_as_one_service(supervisor, look
     out = subprocess.run([sys.executable, str(CLIENTS / "pynsq_client.py"), "publish",
                           supervisor.tcp, topic], capture_output=True, timeout=60, check=True)
     assert json.loads(out.stdout) == ["OK", "OK", "OK"]
+    out = subprocess.run([sys.executable, str(CLIENTS / "gnsq_client.py"), "produce",
+                          supervisor.tcp, topic], capture_output=True, timeout=60, check=True)
+    assert json.loads(out.stdout) == "ok"
     sent += lines + to_nsq + ["one", "two", "three", "four"]
+    sent += ["g-one", "g-two", "g-three", "g-deferred"]
 
     counts = message_counts(supervisor, topic)
     assert sum(counts) == len(sent)
