@@ -378,3 +378,50 @@ def test_the_spark_sources_lease_keeper_reads_every_worker_behind_a_shared_addre
     finally:
         keeper.close()
     assert sum(message_counts(supervisor, "clicks")) == 40
+
+
+# -- Spark end to end: a relay through the workers, a failed batch replayed --------------
+def test_a_spark_relay_through_the_workers_publishes_each_message_once_across_a_replay(
+        spark, supervisor, tmp_path):
+    from pyspark.errors import StreamingQueryException
+
+    from spark_connector import pub_to_topic
+
+    workers = supervisor.workers
+    for i, worker in enumerate(workers):
+        with Client(worker["grpc"], timeout=10) as client:
+            client.create_channel("b", "check")
+            client.multi_publish("a", [f"msg-{i}-{n}".encode() for n in range(150)])
+    publish_b = pub_to_topic(supervisor.grpc, "b", batch_size=20)
+    failed = []
+
+    def publish_then_fail_once(df, batch_id):
+        publish_b(df, batch_id)
+        if batch_id == 1 and not failed:
+            failed.append(batch_id)
+            raise RuntimeError("injected failure after publishing batch 1")
+
+    def relay():
+        df = (spark.readStream.format("pynsq").option("address", supervisor.grpc)
+              .option("topic", "a").option("channel", "spark")
+              .option("maxMessagesPerTrigger", 150).load()
+              .selectExpr("CAST(body AS STRING) AS body"))
+        return (df.writeStream.foreachBatch(publish_then_fail_once)
+                .option("checkpointLocation", str(tmp_path / "ck"))
+                .trigger(availableNow=True).start())
+
+    with pytest.raises(StreamingQueryException, match="injected failure"):
+        relay().awaitTermination(120)
+    assert relay().awaitTermination(120)
+
+    bodies = []
+    for worker in workers:
+        with Client(worker["grpc"], timeout=10) as client:
+            depth = client.stats("b", "check").topics[0].channels[0].depth
+            with client.subscribe("b", "check", rdy=1000) as sub:
+                for _ in range(depth):
+                    msg = sub.get(timeout=10)
+                    assert msg is not None
+                    bodies.append(msg.body.decode())
+                    sub.fin(msg.id)
+    assert sorted(bodies) == sorted(f"msg-{i}-{n}" for i in range(2) for n in range(150))
