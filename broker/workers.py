@@ -235,12 +235,12 @@ class Worker:
             raise WorkerFailed(f"{self.name} exited with {_exit_status(code)} before serving")
 
     async def stop(self) -> int:
-        """SIGTERM, and wait (SIGKILL after STOP_TIMEOUT). Its exit code."""
+        """SIGTERM, and wait (SIGKILL after STOP_TIMEOUT). Its exit code; 0 for one not
+        running (its end was logged when it died)."""
         proc = self.proc
-        if proc is None:
+        if proc is None or proc.returncode is not None:
             return 0
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
         try:
             code = await asyncio.wait_for(proc.wait(), STOP_TIMEOUT)
         except asyncio.TimeoutError:
