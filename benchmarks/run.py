@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from . import durability, grpc_throughput, nsq_bench, scaling, tcp_throughput, tls_throughput
+from . import (durability, grpc_throughput, nsq_bench, scaling, tcp_throughput, tls_throughput,
+               workers_bench)
 
 FULL = {"grpc": 200_000, "tcp": 400_000, "spark": 1_000_000, "writers": 1_000_000,
         "durable": 200_000, "durable_rounds": 3,
@@ -176,6 +177,8 @@ def collect(quick: bool) -> Iterator[dict]:
     ]
     stage("NSQ's bench_writer and bench_reader against nsqd and pynsqd")
     yield from nsq_rows(sizes)
+    stage("one pynsqd against pynsqd --workers N")
+    yield from workers_bench.rows(row, sizes["nsq_runfor"])
     stage("scaling with channels, topics and consumers")
     yield from scaling_rows(sizes)
     stage("TLS ÷ plain text")

@@ -8,6 +8,9 @@
     pynsq channel empty events archive
     pynsq channel create events work --max-attempts 5   # then dead letters go to events.dead
     pynsq topic create events --ttl 60s                 # messages expire after a minute
+
+Against ``pynsqd --workers N``: ``pub`` publishes on the worker its connection
+reaches; admin commands, ``stats`` and ``tail`` act on every worker.
 """
 
 from __future__ import annotations
@@ -16,10 +19,13 @@ import argparse
 import os
 import secrets
 import sys
+import threading
 
 from . import __version__
 from .client import Client, ClientError, check_address
+from .errors import NotFound
 from .options import DEFAULT_GRPC_ADDRESS, parse_duration_ms, suggest
+from .workers import worker_addresses
 
 ADMIN_ACTIONS = ("create", "delete", "empty", "pause", "unpause")
 PUB_BATCH = 500
@@ -165,23 +171,57 @@ def cmd_pub(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_tail(client: Client, args: argparse.Namespace) -> int:
-    count = 0
+def cmd_tail(clients: list[Client], args: argparse.Namespace) -> int:
+    """Print and FIN each message; from every worker at once under pynsqd --workers."""
     out = sys.stdout.buffer
     channel = args.channel or f"tail{secrets.randbelow(10**6):06d}#ephemeral"
-    with client.subscribe(args.topic, channel, rdy=max(1, min(args.n or 200, 200))) as sub:
-        for msg in sub:
-            out.write(msg.body + b"\n")
-            out.flush()
-            sub.fin(msg.id)
-            count += 1
-            if args.n and count >= args.n:
-                break
+    lock, done, count = threading.Lock(), threading.Event(), [0]
+    failures: list[ClientError] = []
+
+    def tail_one(client: Client) -> None:
+        try:
+            with client.subscribe(args.topic, channel,
+                                  rdy=max(1, min(args.n or 200, 200))) as sub:
+                for msg in sub:
+                    with lock:
+                        if done.is_set():   # not FINed: requeued as the stream closes
+                            return
+                        out.write(msg.body + b"\n")
+                        out.flush()
+                        sub.fin(msg.id)
+                        count[0] += 1
+                        if args.n and count[0] >= args.n:
+                            done.set()
+                            return
+        except Exception as err:
+            if done.is_set():        # the others' end closed this stream: nothing lost
+                return
+            if not isinstance(err, ClientError):
+                raise
+            failures.append(err)
+            done.set()
+
+    if len(clients) == 1:
+        tail_one(clients[0])
+    else:
+        threads = [threading.Thread(target=tail_one, args=(c,), daemon=True) for c in clients]
+        for thread in threads:
+            thread.start()
+        done.wait()
+    if failures:
+        raise failures[0]
     return 0
 
 
-def cmd_stats(client: Client, args: argparse.Namespace) -> int:
-    stats = client.stats(args.topic, args.channel)
+def cmd_stats(clients: list[Client], args: argparse.Namespace) -> int:
+    for i, client in enumerate(clients):
+        if len(clients) > 1:
+            print(f"worker-{i} {client.address}:")
+        _print_stats(client.stats(args.topic, args.channel))
+    return 0
+
+
+def _print_stats(stats) -> None:
     if not stats.topics:
         print("no topics")
     for t in stats.topics:
@@ -196,7 +236,6 @@ def cmd_stats(client: Client, args: argparse.Namespace) -> int:
                   f"fin: {c.finish_count} req: {c.requeue_count} timeout: {c.timeout_count} "
                   f"dead: {c.dead_letter_count} expired: {c.expired_count} "
                   f"clients: {len(c.clients)} {latency}".rstrip())
-    return 0
 
 
 class UsageError(Exception):
@@ -205,16 +244,31 @@ class UsageError(Exception):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    client = Client(args.address, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
-                    tls_key=args.tls_key, auth_secret=args.auth_secret)
+    security = {"tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key,
+                "auth_secret": args.auth_secret}
+    client = Client(args.address, **security)
+    clients = [client]
     try:
         if args.command == "pub":
             return cmd_pub(client, args)
+        # pynsqd --workers: admin, stats and tail act on every worker (a publish on one).
+        workers = worker_addresses(args.address, client.info().workers)
+        clients = [Client(a, **security) for a in workers] or clients
         if args.command == "tail":
-            return cmd_tail(client, args)
+            return cmd_tail(clients, args)
         if args.command == "stats":
-            return cmd_stats(client, args)
-        return cmd_admin(client, args)
+            return cmd_stats(clients, args)
+        missing = []
+        for each in clients:
+            try:
+                cmd_admin(each, args)
+            except ClientError as err:   # a topic may be on some workers only
+                if len(clients) == 1 or not isinstance(err, NotFound):
+                    raise
+                missing.append(err)
+        if len(missing) == len(clients):
+            raise missing[0]
+        return 0
     except UsageError as err:
         print(f"pynsq {args.command}: {err} (see pynsq {args.command} --help)", file=sys.stderr)
         return 2
@@ -224,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
-        client.close()
+        for each in {id(c): c for c in [client, *clients]}.values():
+            each.close()
 
 
 if __name__ == "__main__":

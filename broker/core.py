@@ -59,6 +59,9 @@ class Broker:
         self.start_time = int(time.time())
         # Names this instance (it changes on restart): a lease made elsewhere is not here.
         self.instance_id = secrets.token_hex(8)
+        # pynsqd --workers: each worker's own addresses ({"grpc", "tcp", "http"}), in
+        # worker order, shown by /info and the gRPC Info call; empty for a single broker.
+        self.workers: tuple[dict[str, str], ...] = ()
         self._sessions: dict[str, LeaseSession] = {}
         self._leases: dict[str, Lease] = {}
         # Leases requeued or timed out, by their messages' ids, for a replay to adopt.

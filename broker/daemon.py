@@ -123,6 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=options.log_level.upper(), stream=sys.stderr,
                         format=options.log_prefix.replace("%", "%%")
                         + "%(asctime)s %(levelname)s: %(message)s")
+    from .workers import run_supervisor, uses_worker_layout
+    try:   # a supervisor of one broker process per worker
+        if options.workers > 1 or uses_worker_layout(options.data_path):
+            return run_supervisor(options)
+    except (OSError, DataPathLocked, ValueError) as err:
+        logging.getLogger("pynsqd").error("%s", err)
+        return 1
     logging.getLogger("pynsqd").info("open-file limit: %d", raise_open_file_limit())
     tune_garbage_collector()
     try:

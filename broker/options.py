@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
 import socket
 import tomllib
@@ -192,6 +193,10 @@ class Options:
     auth_http_request_method: str = _opt("get", "get or post, to query the auth server")
     http_client_connect_timeout: int = _duration(2_000, "connect timeout towards auth servers")
     http_client_request_timeout: int = _duration(5_000, "request timeout towards auth servers")
+    # -- every core: one broker process per worker (broker/workers.py) --
+    workers: int | str = field(default="1", metadata={
+        "help": "broker processes on this host, each a node of its own behind the shared "
+                "addresses (0 or auto: one per core)", "loose": True})
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -238,6 +243,7 @@ class Options:
         if not -1 <= self.node_id <= 1023:
             raise ValueError(f"node-id must be 0 to 1023 (or -1: from the hostname and the "
                              f"gRPC address), got {self.node_id}")
+        self.workers = parse_workers(self.workers)
         if self.max_attempts > 65535:
             raise ValueError("max-attempts must be 0 (off) to 65535")
         if self.msg_timeout <= 0:
@@ -324,6 +330,23 @@ def parse_bool(value: Any, name: str) -> bool:
     if text in ("0", "f", "false"):
         return False
     raise ValueError(f"{name}: expected true or false, got {value!r}")
+
+
+MAX_WORKERS = 1024  # one node id each
+
+
+def parse_workers(value: int | str) -> int:
+    """``--workers``: a count of 1 to 1024, or 0 / ``auto`` for one per core."""
+    text = str(value).strip().lower()
+    if isinstance(value, bool) or not (text == "auto" or text.isdigit()):
+        raise ValueError(f"workers: expected a number of workers or auto, got {value!r}")
+    count = 0 if text == "auto" else int(text)
+    if count == 0:
+        count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else os.cpu_count() or 1
+    if count > MAX_WORKERS:
+        raise ValueError(f"workers: at most {MAX_WORKERS} (one node id each), got {count}")
+    return count
 
 
 def split_host_port(address: str, name: str = "address") -> tuple[str, int]:

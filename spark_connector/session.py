@@ -28,6 +28,7 @@ from typing import Callable, Iterable
 
 from broker.client import BrokerUnavailable, Client, ClientError, LeaseSession
 from broker.errors import LeaseNotFound
+from broker.workers import worker_addresses
 
 from .discovery import DiscoveryError, Fleet
 from .options import ReaderOptions
@@ -193,6 +194,24 @@ def unreachable(address: str, err: Exception, options: ReaderOptions | None = No
                              f"({where}){how_long}: {err}")
 
 
+def expand_workers(options: ReaderOptions) -> list[str]:
+    """Option ``address``, with each ``pynsqd --workers`` address replaced by its workers'
+    own addresses (Info's ``workers``): a lease is held by one worker, and executors must
+    fetch it there, not wherever the shared port sends them. An address that does not
+    answer is kept as given (connecting to it then says so)."""
+    found: dict[str, None] = {}
+    for address in options.addresses:
+        workers = ()
+        try:
+            with Client(address, timeout=options.timeout_ms / 1000,
+                        **options.security.client_kwargs()) as client:
+                workers = client.info().workers
+        except ClientError:
+            pass
+        found.update(dict.fromkeys(worker_addresses(address, workers) or [address]))
+    return list(found)
+
+
 class LeaseKeeper:
     def __init__(self, options: ReaderOptions) -> None:
         self.options = options
@@ -214,6 +233,7 @@ class LeaseKeeper:
         # since the last plan, so no fresh figure): spares a Stats call per trigger.
         self._reserved_depths: dict[str, int] | None = None
         self._option = "lookupdHttpAddress" if options.lookupd_addresses else "address"
+        self._static: list[str] | None = None  # option address, workers expanded
         self._fleet = (Fleet(options.lookupd_addresses, options.topic,
                              poll_interval=options.lookupd_poll_interval_ms / 1000,
                              timeout=options.timeout_ms / 1000)
@@ -227,7 +247,9 @@ class LeaseKeeper:
         """The brokers to reserve from now: those of option ``address``, or those
         nsqlookupd lists for the topic (asked again at most every poll interval)."""
         if self._fleet is None:
-            return list(self.options.addresses)
+            if self._static is None:
+                self._static = expand_workers(self.options)
+            return list(self._static)
         try:
             return self._fleet.brokers()
         except DiscoveryError as err:

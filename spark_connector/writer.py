@@ -30,6 +30,10 @@ two writers sharing one name, a copied checkpoint) fails the batch with
 ``ProducerConflict`` naming the producer: never a silent drop. Two
 ``pub_to_topic`` calls to one topic in one ``foreachBatch`` need distinct
 ``producer`` names.
+
+Against ``pynsqd --workers`` each worker keeps its own window, so a partition
+publishes on the worker a CRC-32 of its producer id picks among those the
+broker's Info lists, not on the one the shared port gave its connection.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from pyspark.sql.types import BinaryType, IntegralType, StringType, StructType
 
 from broker.client import Client
 from broker.names import is_valid_name
+from broker.workers import worker_addresses, worker_for
 from broker.security.client import SPARK_OPTIONS, ClientSecurity
 
 from .options import (OptionError, _check_unknown, _int, _lower, parse_addresses, require_name,
@@ -122,8 +127,17 @@ class PartitionPublisher:
     def __init__(self, address: str, default_topic: str | None, producer_id: str,
                  batch_size: int, where: str, security: ClientSecurity | None = None,
                  topic_column: bool = True) -> None:
-        self.client = Client(address, **(security.client_kwargs() if security else {}))
-        self.max_size = self.client.info().max_msg_size
+        kwargs = security.client_kwargs() if security else {}
+        self.client = Client(address, **kwargs)
+        info = self.client.info()
+        if info.workers:
+            # pynsqd --workers: each worker keeps its own de-duplication window, so every
+            # attempt of this producer id goes to the worker its id hashes to, not to the
+            # one the kernel gave this connection.
+            self.client.close()
+            self.client = Client(worker_for(producer_id, worker_addresses(address, info.workers)),
+                                 **kwargs)
+        self.max_size = info.max_msg_size
         self.default_topic = default_topic
         self.topic_column = topic_column  # whether a ``topic`` column routes rows
         self.producer_id = producer_id

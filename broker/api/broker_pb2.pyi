@@ -321,7 +321,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("version", "grpc_address", "start_time", "max_msg_size", "max_rdy_count", "msg_timeout_ms", "max_msg_timeout_ms", "max_req_timeout_ms", "durable")
+    __slots__ = ("version", "grpc_address", "start_time", "max_msg_size", "max_rdy_count", "msg_timeout_ms", "max_msg_timeout_ms", "max_req_timeout_ms", "durable", "workers")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -331,6 +331,7 @@ class InfoResponse(_message.Message):
     MAX_MSG_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_REQ_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     DURABLE_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
     version: str
     grpc_address: str
     start_time: int
@@ -340,7 +341,8 @@ class InfoResponse(_message.Message):
     max_msg_timeout_ms: int
     max_req_timeout_ms: int
     durable: bool
-    def __init__(self, version: _Optional[str] = ..., grpc_address: _Optional[str] = ..., start_time: _Optional[int] = ..., max_msg_size: _Optional[int] = ..., max_rdy_count: _Optional[int] = ..., msg_timeout_ms: _Optional[int] = ..., max_msg_timeout_ms: _Optional[int] = ..., max_req_timeout_ms: _Optional[int] = ..., durable: _Optional[bool] = ...) -> None: ...
+    workers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[str] = ..., grpc_address: _Optional[str] = ..., start_time: _Optional[int] = ..., max_msg_size: _Optional[int] = ..., max_rdy_count: _Optional[int] = ..., msg_timeout_ms: _Optional[int] = ..., max_msg_timeout_ms: _Optional[int] = ..., max_req_timeout_ms: _Optional[int] = ..., durable: _Optional[bool] = ..., workers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LeaseSessionRequest(_message.Message):
     __slots__ = ("client_id", "session_id", "grace_ms")

@@ -571,7 +571,8 @@ class BrokerService(pb_grpc.BrokerServicer):
                                max_rdy_count=o.max_rdy_count, msg_timeout_ms=o.msg_timeout,
                                max_msg_timeout_ms=o.max_msg_timeout,
                                max_req_timeout_ms=o.max_req_timeout,
-                               durable=bool(o.data_path))
+                               durable=bool(o.data_path),
+                               workers=[w["grpc"] for w in self.broker.workers])
 
     # -- leases -----------------------------------------------------------
     async def OpenLeaseSession(self, request, context):
@@ -674,9 +675,11 @@ def _topic_stats(t) -> pb.TopicStats:
             for c in t.channels])
 
 
-async def start_grpc_server(broker: Broker, address: str,
-                            security=None) -> tuple[grpc.aio.Server, str]:
+async def start_grpc_server(broker: Broker, address: str, security=None,
+                            reuse_port: bool = False) -> tuple[grpc.aio.Server, str]:
     """Serve ``broker`` on ``address`` (port 0 picks a free one); return the bound address.
+    With ``reuse_port``, beside other processes listening there the same way
+    (``pynsqd --workers``); otherwise a port in use is an error.
 
     With ``security`` (``broker/security``): TLS when a certificate is configured,
     mutual TLS when client certificates are required, and NSQ's auth on every call.
@@ -686,7 +689,7 @@ async def start_grpc_server(broker: Broker, address: str,
     credentials = security.grpc_credentials() if security is not None else None
     server = grpc.aio.server(
         interceptors=[BadRequestGuard(), *interceptors(broker, security)], options=[
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", int(reuse_port)),
             # nsqd's --max-body-size bounds every request; a larger one is refused
             # (RESOURCE_EXHAUSTED) before it is buffered whole.
             ("grpc.max_receive_message_length", broker.options.max_body_size),

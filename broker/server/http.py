@@ -238,7 +238,9 @@ class HttpApi:
             "tcp_port": int(tcp.rpartition(":")[2] or 0),
             "http_port": int(http.rpartition(":")[2] or 0),
             "grpc_address": self.addresses.get("grpc", ""),
-            "start_time": self.broker.start_time})
+            "start_time": self.broker.start_time,
+            # pynsqd --workers: every worker's own addresses (absent for a single broker)
+            **({"workers": list(self.broker.workers)} if self.broker.workers else {})})
 
     async def pub(self, request: web.Request) -> web.Response:
         limit = self.broker.options.max_msg_size
@@ -352,7 +354,9 @@ class HttpApi:
         return handle
 
     # -- serving ----------------------------------------------------------
-    async def start(self, address: str) -> str:
+    async def start(self, address: str, reuse_port: bool = False) -> str:
+        """Listen on ``address``; with ``reuse_port``, beside other processes listening
+        there the same way (``pynsqd --workers``)."""
         host, port = split_listen_address(address, "https-address" if self.tls
                                           else "http-address")
         self.hosts = hosts.policy(self.broker.options, address)
@@ -365,6 +369,7 @@ class HttpApi:
                                     logger=_ServerLog(logging.getLogger("aiohttp.server")))
         await self.runner.setup()
         site = web.TCPSite(self.runner, host or None, port, reuse_address=True,
+                           reuse_port=reuse_port or None,
                            ssl_context=self.security.tls_context if self.tls else None)
         try:
             await site.start()

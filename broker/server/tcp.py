@@ -777,12 +777,15 @@ class TcpServer:
         # Most a client may have buffered in one unfinished command.
         self.max_pending = broker.options.max_body_size + wire.MAX_LINE + 8
 
-    async def start(self, address: str) -> str:
+    async def start(self, address: str, reuse_port: bool = False) -> str:
+        """Listen on ``address``; with ``reuse_port``, beside other processes listening
+        there the same way (``pynsqd --workers``: the kernel spreads connections)."""
         host, port = split_listen_address(address, "tcp-address")
         loop = asyncio.get_running_loop()
         try:
             self.server = await loop.create_server(lambda: V2Connection(self.broker, self),
-                                                   host or None, port, reuse_address=True)
+                                                   host or None, port, reuse_address=True,
+                                                   reuse_port=reuse_port or None)
         except OSError as err:
             raise OSError(f"cannot listen on {address} (TCP): {err.strerror}") from None
         bound = self.server.sockets[0].getsockname()

@@ -1,7 +1,9 @@
 """NSQ's official Python client (pynsq) reading a topic through nsqlookupd, as a script
 the tests run in its own process. Prints the bodies it read as a JSON list.
 
-    python pynsq_lookupd_reader.py LOOKUPD_HTTP_ADDRESS TOPIC CHANNEL N
+    python pynsq_lookupd_reader.py LOOKUPD_HTTP_ADDRESS TOPIC CHANNEL N [ids]
+
+With ``ids``, prints [id, body] pairs instead.
 """
 
 import json
@@ -11,12 +13,12 @@ import nsq
 import tornado.ioloop
 
 
-def main(lookupd_http: str, topic: str, channel: str, n: int) -> None:
+def main(lookupd_http: str, topic: str, channel: str, n: int, ids: bool = False) -> None:
     loop = tornado.ioloop.IOLoop.current()
     seen = []
 
     def handler(msg):
-        seen.append(msg.body.decode())
+        seen.append([msg.id.decode(), msg.body.decode()] if ids else msg.body.decode())
         if len(seen) == n:
             print(json.dumps(seen))
             loop.call_later(0.3, loop.stop)  # let the last FIN go out
@@ -30,4 +32,4 @@ def main(lookupd_http: str, topic: str, channel: str, n: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:] == ["ids"])
