@@ -132,7 +132,8 @@ def _duration(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def cmd_admin(client: Client, args: argparse.Namespace) -> int:
+def check_admin_usage(args: argparse.Namespace) -> None:
+    """Settings go with create only: refused before any broker is asked."""
     settings = ({"ttl_ms": args.ttl} if args.command == "topic" and args.ttl is not None
                 else {"max_attempts": args.max_attempts,
                       "dead_letter_topic": args.dead_letter_topic}
@@ -141,6 +142,9 @@ def cmd_admin(client: Client, args: argparse.Namespace) -> int:
     if given and args.action != "create":
         options = ", ".join("--" + k.replace("_ms", "").replace("_", "-") for k in given)
         raise UsageError(f"{options} only go with create")
+
+
+def cmd_admin(client: Client, args: argparse.Namespace) -> int:
     if args.action == "create" and args.command == "topic":
         client.create_topic(args.topic, ttl_ms=args.ttl)
     elif args.action == "create":
@@ -251,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "pub":
             return cmd_pub(client, args)
+        if args.command in ("topic", "channel"):
+            check_admin_usage(args)
         # pynsqd --workers: admin, stats and tail act on every worker (a publish on one).
         workers = worker_addresses(args.address, client.info().workers)
         clients = [Client(a, **security) for a in workers] or clients
