@@ -905,10 +905,16 @@ class DiskStore(Store):
                           ", ".join(sorted(replay.channels)) or "none")
             previous = seg
             topic_log.sizes[seg] = self._scan_file(topic_log.path(seg),
-                                                   lambda r, seg=seg: replay.read(seg, r))
+                                                   lambda r, seg=seg: replay.read(seg, r),
+                                                   replay.damaged)
+        if replay.damage:
+            log.error("%s: topic %s: damaged records skipped (file and offset above): %s",
+                      topic_log.dir, name, "; ".join(f"{count} {what}" for what, count
+                                                     in sorted(replay.damage.items())))
         return replay, topic_log
 
-    def _scan_file(self, path: Path, read: Callable[[records.Record], None]) -> int:
+    def _scan_file(self, path: Path, read: Callable[[records.Record], None],
+                   damaged: Callable[[bytes], None] | None = None) -> int:
         """Feed every valid record of a file to ``read``, a block at a time (a whole
         segment in memory at once would set the peak of a start); returns its size."""
         fd = self.files.open(str(path), os.O_RDONLY)
@@ -922,7 +928,8 @@ class DiskStore(Store):
                 block, base = carry + chunk, pos - len(carry)
                 pos += len(chunk)
                 rest: list[int] | None = [] if pos < size else None
-                for record in records.scan(block, str(path), base, rest):
+                for record in records.scan(block, str(path), base, rest,
+                                           damaged and (lambda _, span: damaged(span))):
                     read(record)
                 carry, need = (block[rest[0]:] if rest else b""), SCAN_BLOCK
                 if len(carry) >= records.HEADER_SIZE:  # a record longer than a block
