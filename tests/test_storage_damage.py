@@ -43,7 +43,7 @@ def damage(path: Path, kind: int, nth: int = 0) -> None:
 
 
 @pytest.mark.parametrize("copy", [0, 1])
-def test_a_damaged_state_record_of_the_oldest_file_loses_no_message(tmp_path, copy):
+def test_a_damaged_state_record_of_the_oldest_file_loses_no_message(tmp_path, copy, caplog):
     clock = ManualClock()
     broker = start(tmp_path, clock, max_bytes_per_file=1024)
     consumer = Recorder(broker)
@@ -63,6 +63,8 @@ def test_a_damaged_state_record_of_the_oldest_file_loses_no_message(tmp_path, co
     damage(oldest, records.STATE, copy)
     broker = start(tmp_path, clock, max_bytes_per_file=1024)
     assert sorted(drain(broker, "events", "work")) == sorted(ids)
+    assert any("1 copy(ies) of a record written twice (nothing lost)" in r.getMessage()
+               for r in caplog.records)
 
 
 @pytest.mark.parametrize("stop", RESTARTS)
@@ -110,6 +112,9 @@ def test_a_damaged_message_costs_that_message_only(tmp_path, caplog):
     broker = start(tmp_path, clock)
     assert sorted(drain(broker, "events", "work")) == sorted(ids[:40] + ids[41:])
     assert any("damaged" in r.getMessage() and log_file.name in r.getMessage()
+               for r in caplog.records)
+    assert any("topic events: damaged records skipped" in r.getMessage()
+               and "1 message(s) lost to channel(s) work" in r.getMessage()
                for r in caplog.records)
 
 

@@ -589,3 +589,28 @@ def test_a_file_whose_move_was_synced_is_deleted_at_the_next_good_sync(tmp_path,
 
 def files_of_topic(path, topic: str = "events") -> list:
     return sorted((path / "topics" / f"t-{topic}").glob("*.log"))
+
+
+def test_channel_settings_that_cannot_be_written_fail_and_change_nothing(tmp_path, monkeypatch):
+    import errno
+    from broker.errors import AdminFailed
+    files = FaultyFiles()
+    monkeypatch.setattr(fileops, "current", files)
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    broker.create_channel("events", "work", max_attempts=3, dead_letter_topic="dead")
+    broker.create_topic("events", ttl_ms=5000)
+    files.fail("write", errno.ENOSPC)
+    with pytest.raises(AdminFailed, match="nothing was changed"):
+        broker.create_channel("events", "work", max_attempts=9, dead_letter_topic="other")
+    with pytest.raises(AdminFailed, match="nothing was changed"):
+        broker.create_topic("events", ttl_ms=1)
+    ch = broker.channel("events", "work")
+    assert (ch.max_attempts, ch.dead_letter_topic, broker.topic("events").ttl_ms) == (
+        3, "dead", 5000)
+    files.heal()
+    crash(broker)
+    broker = start(tmp_path, clock)
+    ch = broker.channel("events", "work")
+    assert (ch.max_attempts, ch.dead_letter_topic, broker.topic("events").ttl_ms) == (
+        3, "dead", 5000)

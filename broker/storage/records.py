@@ -40,7 +40,7 @@ import sys
 import zlib
 from array import array
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 log = logging.getLogger("pynsqd")
 
@@ -354,18 +354,21 @@ class Record:
         return paused, channels
 
 
-def scan(data: bytes, where: str, base: int = 0, rest: list[int] | None = None
-         ) -> Iterator[Record]:
+def scan(data: bytes, where: str, base: int = 0, rest: list[int] | None = None,
+         damaged: Callable[[int, bytes], None] | None = None) -> Iterator[Record]:
     """The valid records of ``data`` (read at offset ``base`` of a file), logging
-    what is skipped and where. With ``rest``, ``data`` is one block of a longer
-    file: a record it cuts short at its end is not damage; the offset in ``data``
-    where the unread part starts is appended to ``rest``."""
+    what is skipped and where (and handing each damaged span, with its offset, to
+    ``damaged``). With ``rest``, ``data`` is one block of a longer file: a record it
+    cuts short at its end is not damage; the offset in ``data`` where the unread part
+    starts is appended to ``rest``."""
     view = memoryview(data)
     pos, size, damaged_at = 0, len(data), None
 
     def skipped(upto: int) -> None:
         log.warning("%s: skipped %d damaged byte(s) at offset %d", where, upto - damaged_at,
                     base + damaged_at)
+        if damaged is not None:
+            damaged(base + damaged_at, bytes(data[damaged_at:upto]))
 
     while pos < size:
         if pos + HEADER_SIZE > size:
@@ -394,3 +397,21 @@ def scan(data: bytes, where: str, base: int = 0, rest: list[int] | None = None
         skipped_from = damaged_at if damaged_at is not None else pos
         log.warning("%s: %d byte(s) at offset %d are a damaged or torn record; skipped",
                     where, size - skipped_from, base + skipped_from)
+        if damaged is not None:
+            damaged(base + skipped_from, bytes(data[skipped_from:]))
+
+
+def damaged_kind(span: bytes) -> tuple[int, str] | None:
+    """(type, channel or "") of the one record a damaged span holds, when its header
+    survived (a damaged payload, the usual case), else None. The channel is read from
+    the payload of the records that start with one, and may be garbled."""
+    if len(span) < HEADER_SIZE:
+        return None
+    magic, kind, length, _ = HEADER.unpack_from(span)
+    if magic != MAGIC or HEADER_SIZE + length != len(span):
+        return None
+    channel = ""
+    if kind in (FIN, ATTEMPTS, DEFER, EMPTY, CONFIG) and length:
+        n = span[HEADER_SIZE]
+        channel = span[HEADER_SIZE + 1:HEADER_SIZE + 1 + n].decode("ascii", "replace")
+    return kind, channel

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left
+from collections import Counter
 from typing import Iterator
 
 from . import records
@@ -39,6 +40,7 @@ class Replay:
         self._held: list[int] = []               # slots that may have the HELD bit
         self._attempts: dict[tuple[int, int], int] = {}
         self._deferred: dict[tuple[int, int], int] = {}
+        self.damage: Counter[str] = Counter()    # what damaged records cost, counted
         self._free_bits: list[int] = []          # bits of deleted channels, to reuse
         self._next_bit = 1
 
@@ -205,6 +207,29 @@ class Replay:
                         for bit in bits:
                             overrides[(slot, bit)] = value
         self._held = []
+
+    def damaged(self, span: bytes) -> None:
+        """A damaged span of the log, met where the records read so far left off: count
+        what it cost, by what the record was (its header usually survives)."""
+        found = records.damaged_kind(span)
+        owners = ("the topic's hold" if self.topic_paused or not self.channels
+                  else "channel(s) " + ", ".join(sorted(self.channels)))
+        if found is None:
+            self.damage[f"unreadable span(s) (a message there is lost to {owners})"] += 1
+            return
+        kind, channel = found
+        if kind in (records.PUB, records.MOVE):
+            self.damage[f"message(s) lost to {owners}"] += 1
+        elif kind == records.FIN:
+            self.damage[f"FIN record(s) of {channel or 'the hold'} (those messages may be "
+                        f"delivered again)"] += 1
+        elif kind in (records.ATTEMPTS, records.DEFER):
+            self.damage[f"delivery count or deferral record(s) of {channel} (counts lower, "
+                        f"delays shorter)"] += 1
+        elif kind == records.DEDUPE:
+            self.damage["de-duplication entry(ies) (a repeated MPUB may be accepted)"] += 1
+        else:
+            self.damage["copy(ies) of a record written twice (nothing lost)"] += 1
 
     # -- results --------------------------------------------------------------
     def pending(self, channel: str | None) -> Iterator[tuple[int, int, int]]:

@@ -16,9 +16,11 @@ deletion; deferred ones keep their deliver-at time and every message its
 reads everything before it writes anything, so a start that fails leaves the
 data path as it was.
 
-Writes: a PUB is written with ``write(2)`` before the reply, together with
-every record queued before it (one ordered buffer per topic, so nothing is
-reordered); other records are written at the end of the event-loop pass (a
+Writes: a PUB, and the record of an admin call (topic or channel created or
+deleted, pause, empty, settings), is written with ``write(2)`` before the reply,
+together with every record queued before it (one ordered buffer per topic, so
+nothing is reordered); an admin call whose record cannot be written fails and
+changes nothing. Other records are written at the end of the event-loop pass (a
 channel's FINs and delivery counts of a pass in one record each). fsync,
 closing rolled files and deletes run in one storage thread, every
 ``--sync-every`` messages or ``--sync-timeout``; the first sync after a start
@@ -26,7 +28,9 @@ also fsyncs every file found (what a killed broker wrote but never fsynced).
 Messages that wait on disk only are read back in a reader thread of their own,
 ahead of their channel's cursor (``Backlog``). A write that fails is cut
 back off the file and the publisher gets ``StorageFailed``; after a failed
-fsync every publish is refused until a sync succeeds.
+fsync every publish is refused until a sync succeeds, and no file is deleted
+until what replaced it is synced. A read that fails (EMFILE, EIO) is retried
+after a back-off (``ReadLater``); only a record that fails its check is lost.
 """
 
 from __future__ import annotations
@@ -905,10 +909,16 @@ class DiskStore(Store):
                           ", ".join(sorted(replay.channels)) or "none")
             previous = seg
             topic_log.sizes[seg] = self._scan_file(topic_log.path(seg),
-                                                   lambda r, seg=seg: replay.read(seg, r))
+                                                   lambda r, seg=seg: replay.read(seg, r),
+                                                   replay.damaged)
+        if replay.damage:
+            log.error("%s: topic %s: damaged records skipped (file and offset above): %s",
+                      topic_log.dir, name, "; ".join(f"{count} {what}" for what, count
+                                                     in sorted(replay.damage.items())))
         return replay, topic_log
 
-    def _scan_file(self, path: Path, read: Callable[[records.Record], None]) -> int:
+    def _scan_file(self, path: Path, read: Callable[[records.Record], None],
+                   damaged: Callable[[bytes], None] | None = None) -> int:
         """Feed every valid record of a file to ``read``, a block at a time (a whole
         segment in memory at once would set the peak of a start); returns its size."""
         fd = self.files.open(str(path), os.O_RDONLY)
@@ -922,7 +932,8 @@ class DiskStore(Store):
                 block, base = carry + chunk, pos - len(carry)
                 pos += len(chunk)
                 rest: list[int] | None = [] if pos < size else None
-                for record in records.scan(block, str(path), base, rest):
+                for record in records.scan(block, str(path), base, rest,
+                                           damaged and (lambda _, span: damaged(span))):
                     read(record)
                 carry, need = (block[rest[0]:] if rest else b""), SCAN_BLOCK
                 if len(carry) >= records.HEADER_SIZE:  # a record longer than a block
