@@ -38,13 +38,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from broker import Client, EmbeddedBroker
+from broker.client import BrokerUnavailable
 from broker.storage.store import MemoryStore
 from pyspark.sql.streaming.datasource import ReadMaxRows
 from spark_connector.fetch import LeaseLost
 from spark_connector.reader import PynsqStreamReader
 from spark_connector.writer import PartitionPublisher
 
-from .helpers import free_port
+from .helpers import free_port, wait_for
 
 QUERY_ID = "7d3c1a52-model-query"
 OPTIONS = {"topic": "in", "channel": "spark", "msgTimeoutMs": "3000", "timeoutMs": "5000",
@@ -68,6 +69,14 @@ def crash(embedded: EmbeddedBroker) -> None:
 
     embedded.call(let_go)
     embedded.stop()
+
+
+def _answers(client: Client) -> bool:
+    try:
+        client.ping(timeout=2)
+        return True
+    except BrokerUnavailable:
+        return False
 
 
 class Query:
@@ -154,9 +163,12 @@ class PipelineModel(RuleBasedStateMachine):
         self.query: Query | None = None
 
     def _start(self) -> EmbeddedBroker:
-        return EmbeddedBroker(grpc_address=f"127.0.0.1:{self.port}", tcp_address="",
-                              http_address="", data_path=self.data if self.durable else "",
-                              msg_timeout=3000).start()
+        embedded = EmbeddedBroker(grpc_address=f"127.0.0.1:{self.port}", tcp_address="",
+                                  http_address="", data_path=self.data if self.durable else "",
+                                  msg_timeout=3000).start()
+        with Client(embedded.address, timeout=5) as client:
+            wait_for(lambda: _answers(client), 30, message="the broker to answer")
+        return embedded
 
     def _query(self, available_now: bool = False) -> Query:
         if self.query is None:
