@@ -70,7 +70,8 @@ class Broker:
         self._finished: list[list[Message]] = []  # FINed leases' messages, freed by tick
         # With --data-path: the leases written down, so they outlive a restart (BrokerApp).
         self.lease_journal: LeaseJournal | None = None
-        self.dedupe = Deduplicator(clock=self.clock)
+        self.dedupe = Deduplicator(self.options.dedupe_window / 1000,
+                                   self.options.dedupe_capacity, clock=self.clock)
         # Where durable topics live: memory only, or a DiskStore (BrokerApp sets it
         # when --data-path is given, before any topic exists).
         self.storage: "Store" = MemoryStore(self.options.max_memory_bytes)
@@ -134,7 +135,7 @@ class Broker:
             for msg, d in zip(msgs, defers):
                 t.publish([msg], d / 1000)
         if entry is not None:
-            self.dedupe.remember(entry)
+            self.dedupe.remember(entry, t.name)
         return [m.id for m in msgs]
 
     def _check_bodies(self, bodies: list[bytes]) -> None:
@@ -538,6 +539,7 @@ class Broker:
         self.storage.topic_deleted(t)  # its files go first, or nothing changes
         del self.topics[name]
         t.close()
+        self.dedupe.forget_topic(name)
         self._notify("topic_deleted", name, None)
 
     def delete_channel(self, topic: str, channel: str) -> None:

@@ -4,8 +4,9 @@ A writer that may replay a request (Spark re-running a micro-batch or a task)
 names each MPUB with a producer id (it must name the writer: query, sink or
 call, batch, partition) and a sequence number. The broker keeps one entry per
 accepted request for ``window`` seconds of wall-clock time, at most
-``capacity`` entries (oldest first out): the first message id, the count, and
-a digest of the topic, bodies, defers and ttls. A repeat with the same content
+``capacity`` entries (oldest first out; ``--dedupe-window`` and
+``--dedupe-capacity``): the first message id, the count, and a digest of the
+topic, bodies, defers and ttls. An entry dies with its topic. A repeat with the same content
 publishes nothing and gets the first ids back; a repeat with other content is
 a ``ProducerConflict`` naming the producer, never a silent success.
 
@@ -83,9 +84,11 @@ class Deduplicator:
         self.window = window
         self.capacity = capacity
         self.clock = clock or Clock()
-        # (producer id, sequence) -> (at ns, first id, count, digest): a tuple costs
-        # less than an Entry, and the window may hold a million of them.
-        self._seen: OrderedDict[tuple[str, int], tuple[int, int, int, bytes]] = OrderedDict()
+        # (producer id, sequence) -> (at ns, first id, count, digest, topic): a tuple costs
+        # less than an Entry, and the window may hold a million of them (the topic is the
+        # Topic's own name, one string shared by all its entries).
+        self._seen: OrderedDict[tuple[str, int], tuple[int, int, int, bytes, str]] = \
+            OrderedDict()
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -99,7 +102,7 @@ class Deduplicator:
         entry = self._seen.get((producer_id, sequence))
         if entry is None:
             return None
-        _, first_id, count, first_digest = entry
+        _, first_id, count, first_digest, _ = entry
         if first_digest != digest:
             raise ProducerConflict(
                 f"producer {producer_id!r} sequence {sequence} already published other "
@@ -113,9 +116,9 @@ class Deduplicator:
         return Entry(producer_id, sequence, self.clock.wall_ns(), int(first_id, 16), count,
                      digest)
 
-    def remember(self, entry: Entry) -> None:
+    def remember(self, entry: Entry, topic: str = "") -> None:
         key = (entry.producer_id, entry.sequence)
-        self._seen[key] = (entry.at_ns, entry.first_id, entry.count, entry.digest)
+        self._seen[key] = (entry.at_ns, entry.first_id, entry.count, entry.digest, topic)
         self._seen.move_to_end(key)
         while len(self._seen) > self.capacity:
             self._seen.popitem(last=False)
@@ -125,14 +128,23 @@ class Deduplicator:
         at_ns = _HEAD.unpack_from(payload)[0]
         return self.clock.wall_ns() - at_ns <= self.window * 1e9
 
-    def restore(self, payload: bytes) -> None:
-        """Put back an entry read from storage at start; an expired one is ignored."""
+    def restore(self, payload: bytes, topic: str = "") -> None:
+        """Put back an entry of ``topic`` read from storage at start; an expired one is
+        ignored."""
         if self.is_live(payload):
-            self.remember(Entry.decode(payload))
+            self.remember(Entry.decode(payload), topic)
 
-    def restore_all(self, payloads: Iterable[bytes]) -> None:
+    def restore_all(self, payloads: Iterable[bytes], topic: str = "") -> None:
         for payload in payloads:
-            self.restore(payload)
+            self.restore(payload, topic)
+
+    def forget_topic(self, topic: str) -> int:
+        """Drop the entries of ``topic`` (deleted): a replay into a topic made anew under
+        its name publishes. Returns how many were dropped."""
+        gone = [key for key, entry in self._seen.items() if entry[4] == topic]
+        for key in gone:
+            del self._seen[key]
+        return len(gone)
 
     def _expire(self) -> None:
         seen = self._seen

@@ -113,6 +113,11 @@ class Options:
     max_rdy_count: int = _opt(2500, "largest RDY count a consumer may give")
     max_attempts: int = _opt(0, "deliveries after which a message goes to the channel's "
                                 "dead-letter topic (0: never; a channel may set its own)")
+    dedupe_window: int = _duration(10 * 60_000, "how long the broker remembers each MPUB a "
+                                   "writer named (producer id, sequence), so a replay within "
+                                   "it publishes nothing twice")
+    dedupe_capacity: int = _opt(1_000_000, "most de-duplication entries kept, oldest first "
+                                           "out: about 450 bytes each (450 MB at the default)")
     log_level: str = _opt("info", "debug, info, warning or error")
     event_loop: str = _opt("asyncio", "pynsqd's event loop: asyncio, uvloop (if installed), "
                            "or auto (uvloop when installed, else asyncio)")
@@ -246,6 +251,10 @@ class Options:
         self.workers = parse_workers(self.workers)
         if self.max_attempts > 65535:
             raise ValueError("max-attempts must be 0 (off) to 65535")
+        if self.dedupe_window < 0:
+            raise ValueError("dedupe-window must not be negative")
+        if self.dedupe_capacity < 1:
+            raise ValueError("dedupe-capacity must be at least 1")
         if self.msg_timeout <= 0:
             raise ValueError("msg-timeout must be positive")
         if self.msg_timeout > self.max_msg_timeout:

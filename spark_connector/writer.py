@@ -8,7 +8,8 @@
 
     df.writeStream.format("pynsq").option("address", "127.0.0.1:4170")
       .option("topic", "lines").option("checkpointLocation", "...").start()
-    df.write.format("pynsq").option("address", "127.0.0.1:4170").option("topic", "lines").save()
+    df.write.format("pynsq").option("address", "127.0.0.1:4170").option("topic", "lines") \
+      .mode("append").save()     # append: the one save mode a topic has
 
 Input columns: ``body`` (BINARY or STRING, required, never null), ``topic``
 (STRING, optional: routes each row when no topic option is given; the option,

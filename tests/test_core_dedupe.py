@@ -119,3 +119,53 @@ def test_publishing_matches_an_oracle_that_never_drops_different_content(reqs):
             expected[topic] += bodies
     for topic, inbox in inboxes.items():
         assert [m.body for m in inbox.received] == expected[topic]
+
+
+def test_a_replay_into_a_topic_deleted_and_made_anew_publishes_again():
+    broker, _ = new_broker()
+    broker.multi_publish("t", [b"a"], producer_id="q:to-t:3:0", sequence=0)
+    broker.delete_topic("t")
+    c = subscribe(broker, "t", "ch")
+    broker.multi_publish("t", [b"a"], producer_id="q:to-t:3:0", sequence=0)
+    assert [m.body for m in c.received] == [b"a"]
+    assert len(broker.dedupe) == 1
+
+
+def test_deleting_a_topic_keeps_the_entries_of_the_others():
+    broker, _ = new_broker()
+    c = subscribe(broker, "u", "ch")
+    broker.multi_publish("t", [b"a"], producer_id="p", sequence=0)
+    broker.multi_publish("u", [b"a"], producer_id="p", sequence=1)
+    broker.delete_topic("t")
+    broker.multi_publish("u", [b"a"], producer_id="p", sequence=1)
+    assert [m.body for m in c.received] == [b"a"]
+
+
+def test_the_window_and_the_capacity_are_options():
+    broker, clock = new_broker(dedupe_window=5_000, dedupe_capacity=2)
+    c = subscribe(broker, "t", "ch")
+    for sequence in range(3):                      # the oldest of three is let go
+        broker.multi_publish("t", [b"a"], producer_id="p", sequence=sequence)
+    assert len(broker.dedupe) == 2
+    broker.multi_publish("t", [b"a"], producer_id="p", sequence=2)     # remembered
+    clock.advance(6)
+    broker.multi_publish("t", [b"a"], producer_id="p", sequence=2)     # past the window
+    assert len(c.received) == 4
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"dedupe_window": -1}, "dedupe-window must not be negative"),
+    ({"dedupe_capacity": 0}, "dedupe-capacity must be at least 1"),
+])
+def test_bad_dedupe_options_are_refused_naming_them(values, message):
+    from broker.options import Options
+
+    with pytest.raises(ValueError, match=message):
+        Options(**values)
+
+
+def test_pub_to_topic_refuses_a_bad_topic_name_before_any_batch_runs():
+    from spark_connector import OptionError, pub_to_topic
+
+    with pytest.raises(OptionError, match="topic: invalid topic name 'bad name'"):
+        pub_to_topic("127.0.0.1:4170", "bad name")

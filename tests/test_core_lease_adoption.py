@@ -65,3 +65,64 @@ def test_a_lease_of_a_deleted_channel_cannot_be_adopted():
     broker.delete_channel("events", "spark")
     replay = broker.open_lease_session()
     assert broker.adopt_leases(replay.session_id, [lease.lease_id]) == (0, [lease.lease_id])
+
+
+def test_a_replayed_lease_reports_the_attempts_of_its_first_delivery():
+    broker, _ = new_broker()
+    broker.create_channel("events", "spark")
+    broker.multi_publish("events", [b"a", b"b"])
+    failed = broker.open_lease_session("driver")
+    lease, _ = broker.reserve(failed.session_id, "events", "spark", 2, 5000)
+    first = lease.attempts_of(lease.order) or [m.attempts for m in lease.order]
+    broker.close_lease_session(failed.session_id)
+    replay = broker.open_lease_session("driver")
+    broker.adopt_leases(replay.session_id, [lease.lease_id])
+    again = broker.lease(lease.lease_id)
+    assert [m.attempts for m in again.order] == [2, 2]          # the broker's own count
+    assert again.attempts_of(again.order) == first == [1, 1]    # what the replay reads
+
+
+def test_a_remembered_lease_is_dropped_once_none_of_its_messages_waits():
+    broker, _ = new_broker()
+    broker.create_channel("events", "spark")
+    broker.multi_publish("events", [b"a", b"b", b"c"])
+    session = broker.open_lease_session("driver")
+    lease, _ = broker.reserve(session.session_id, "events", "spark", 3, 5000)
+    broker.requeue_leases([lease.lease_id])
+    assert lease.lease_id in broker._requeued
+    other = broker.open_lease_session("other")
+    taken, _ = broker.reserve(other.session_id, "events", "spark", 3, 5000)
+    broker.finish_leases([taken.lease_id])     # another reader FINed all three
+    assert broker._requeued == {} and not broker.channel("events", "spark").lease_claims
+
+
+def test_thousands_of_requeued_leases_are_remembered_while_their_messages_wait():
+    broker, _ = new_broker()
+    broker.create_channel("events", "spark")
+    broker.multi_publish("events", [b"m"] * 3000)
+    session = broker.open_lease_session("churn")
+    leases = [broker.reserve(session.session_id, "events", "spark", 1, 5000)[0]
+              for _ in range(3000)]
+    broker.close_lease_session(session.session_id)
+    replay = broker.open_lease_session("driver")
+    assert broker.adopt_leases(replay.session_id, [leases[0].lease_id]) == (1, [])
+
+
+def test_the_lease_journal_keeps_only_live_leases(tmp_path):
+    from broker.lease import LeaseJournal
+
+    broker, _ = new_broker()
+    broker.create_channel("events", "spark")
+    broker.multi_publish("events", [f"m{i}".encode() for i in range(6)])
+    journal = LeaseJournal(tmp_path / "leases.journal")
+    broker.restore_leases(journal)
+    session = broker.open_lease_session("driver")
+    first, _ = broker.reserve(session.session_id, "events", "spark", 2, 5000)
+    second, _ = broker.reserve(session.session_id, "events", "spark", 2, 5000)
+    broker.requeue_leases([second.lease_id])
+    assert [r[0] for r in journal.load()] == [first.lease_id, second.lease_id]
+    broker.finish_leases([first.lease_id])
+    assert [(r[0], r[4], r[5]) for r in journal.load()] == [
+        (second.lease_id, [m.id for m in second.order], [1, 1])]
+    broker.finish_leases([second.lease_id])      # nothing live: the file starts afresh
+    assert journal.load() == [] and journal.path.stat().st_size == 0

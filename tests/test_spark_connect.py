@@ -33,8 +33,11 @@ def _missing_connect_modules() -> list[str]:
 @pytest.mark.skipif(bool(_missing_connect_modules()),
                     reason="Spark Connect's client needs grpcio-status, "
                            "googleapis-common-protos and zstandard (the test extra)")
-def test_source_and_sink_work_from_a_spark_connect_client(broker, client: Client, tmp_path):
-    client.admin("channel", "create", "connect-out", "check")
+def test_source_and_both_writers_work_from_a_spark_connect_client(broker, client: Client,
+                                                                 tmp_path):
+    for topic, channel in (("connect-out", "check"), ("connect-out-fb", "check"),
+                           ("connect-in", "connect"), ("connect-in", "connect-fb")):
+        client.admin("channel", "create", topic, channel)
     sent = publish(client, "connect-in", 40)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         filter(None, [str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH")]))}
@@ -60,3 +63,9 @@ def test_source_and_sink_work_from_a_spark_connect_client(broker, client: Client
 
         wait_for(read_all, 60, interval=0, message="the sink's messages")
     assert sorted(got) == expected
+    # pub_to_topic in foreachBatch wrote each one once too
+    fb = channel_stats(client, "connect-out-fb", "check")
+    assert fb.depth == len(sent)
+    with client.subscribe("connect-out-fb", "check", rdy=100) as sub:
+        bodies = [sub.get(timeout=10).body.decode() for _ in range(len(sent))]
+    assert sorted(bodies) == sorted(f"msg-{i}" for i in range(len(sent)))

@@ -77,7 +77,8 @@ def test_a_slice_fetched_from_another_broker_instance_fails_loudly(broker, clien
     try:
         keeper.ensure_channel()
         lease = keeper.reserve(1, 100, 1 << 20)["0"]
-        lease["broker"] = "0123456789abcdef"  # as if another instance made it
+        # as if another broker behind the same address made it: unknown here
+        lease.update(lease="f" * 24, broker="0123456789abcdef")
         with pytest.raises(LeaseLost, match="another broker, or this one restarted"):
             rows(a_slice(lease, fail_on_data_loss=False))
     finally:

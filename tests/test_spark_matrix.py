@@ -210,7 +210,7 @@ def test_a_driver_frozen_past_msg_timeout_and_replaced_by_a_new_one_duplicates_n
     assert_exactly_once(client, N)
 
 
-def test_a_durable_broker_killed_mid_batch_duplicates_exactly_that_batch_and_loses_nothing(
+def test_a_durable_broker_killed_mid_batch_reads_nothing_twice_and_loses_nothing(
         spark, tmp_path):
     import threading
 
@@ -261,10 +261,10 @@ def test_a_durable_broker_killed_mid_batch_duplicates_exactly_that_batch_and_los
         print("durable broker killed mid-batch:", N, "published,", len(bodies), "distinct,",
               sum(bodies.values()), "relayed, batch 1 read", len(batch_1))
         assert set(bodies) == {f"msg-{i}".encode() for i in range(N)}  # nothing lost
-        # The killed batch's lease died with the broker: a later batch reads its messages
-        # again, and they are published again. Those, and only those, appear twice.
-        assert {b for b, n in bodies.items() if n > 1} == set(batch_1)
-        assert sum(bodies.values()) == N + len(batch_1)
+        # The killed batch's lease outlived the broker (its lease journal): the commit's FIN
+        # finds it after the restart, so no later batch reads its messages again.
+        assert {b for b, n in bodies.items() if n > 1} == set() and len(batch_1) == 100
+        assert sum(bodies.values()) == N
     finally:
         client.close()
         daemon.kill()

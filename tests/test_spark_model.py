@@ -32,20 +32,23 @@ import tempfile
 import time
 from collections import Counter
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from broker import Client, EmbeddedBroker
+from broker.client import BrokerUnavailable
 from broker.storage.store import MemoryStore
 from pyspark.sql.streaming.datasource import ReadMaxRows
-from spark_connector.reader import INITIAL_OFFSET, PynsqStreamReader
+from spark_connector.fetch import LeaseLost
+from spark_connector.reader import PynsqStreamReader
 from spark_connector.writer import PartitionPublisher
 
-from .helpers import free_port
+from .helpers import free_port, wait_for
 
 QUERY_ID = "7d3c1a52-model-query"
-OPTIONS = {"topic": "in", "channel": "spark", "msgTimeoutMs": "1000", "timeoutMs": "5000",
+OPTIONS = {"topic": "in", "channel": "spark", "msgTimeoutMs": "3000", "timeoutMs": "5000",
            "numPartitions": "2", "reconnectTimeoutMs": "20000"}
 
 
@@ -66,6 +69,14 @@ def crash(embedded: EmbeddedBroker) -> None:
 
     embedded.call(let_go)
     embedded.stop()
+
+
+def _answers(client: Client) -> bool:
+    try:
+        client.ping(timeout=2)
+        return True
+    except BrokerUnavailable:
+        return False
 
 
 class Query:
@@ -152,14 +163,25 @@ class PipelineModel(RuleBasedStateMachine):
         self.query: Query | None = None
 
     def _start(self) -> EmbeddedBroker:
-        return EmbeddedBroker(grpc_address=f"127.0.0.1:{self.port}", tcp_address="",
-                              http_address="", data_path=self.data if self.durable else "",
-                              msg_timeout=1000).start()
+        embedded = EmbeddedBroker(grpc_address=f"127.0.0.1:{self.port}", tcp_address="",
+                                  http_address="", data_path=self.data if self.durable else "",
+                                  msg_timeout=3000).start()
+        with Client(embedded.address, timeout=5) as client:
+            wait_for(lambda: _answers(client), 30, message="the broker to answer")
+        return embedded
 
     def _query(self, available_now: bool = False) -> Query:
         if self.query is None:
             self.query = Query(self, available_now)
         return self.query
+
+    def _run(self, step) -> None:
+        """``step(query)``; a task that failed for good (its lease timed out under a slow
+        machine: ``LeaseLost``) fails the query, which Spark then restarts."""
+        try:
+            step(self._query())
+        except LeaseLost:
+            self._restart_query("stop")
 
     def _restart_query(self, how: str) -> None:
         if self.query is not None:
@@ -177,13 +199,12 @@ class PipelineModel(RuleBasedStateMachine):
     # -- batches --------------------------------------------------------------
     @rule(limit=st.integers(1, 30), commit_now=st.booleans())
     def batch(self, limit: int, commit_now: bool) -> None:
-        self._query().next_batch(limit, commit_now=commit_now)
+        self._run(lambda query: query.next_batch(limit, commit_now=commit_now))
 
     @rule(limit=st.integers(1, 30), fail=st.sampled_from(["batch fails", "driver dies"]))
     def failing_batch(self, limit: int, fail: str) -> None:
-        query = self._query()
         try:
-            query.next_batch(limit, fail)
+            self._run(lambda query: query.next_batch(limit, fail))
         except BatchFailed:
             self._restart_query("stop" if fail == "batch fails" else "die")
 
@@ -237,15 +258,15 @@ class PipelineModel(RuleBasedStateMachine):
     def _drain_and_check(self) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            query = self._query()
-            if query.next_batch(100):
+            more: list[bool] = []
+            self._run(lambda query: more.append(query.next_batch(100)))
+            if more != [False]:
                 continue
             stats = self._channel("in", "spark")
             if stats == (0, 0):
                 break
             time.sleep(0.05)  # leases of a dead driver wait out their grace period
-        query.stop()
-        self.query = None
+        self._restart_query("stop")
         out = self._read_output()
         counts = Counter(row[0] for row in out)
         published = set(self.published)
@@ -285,12 +306,12 @@ PipelineModel.TestCase.settings = settings(
     stateful_step_count=int(os.environ.get("PYNSQ_SPARK_MODEL_STEPS", "16")),
     deadline=None, derandomize=True, print_blob=True,
     suppress_health_check=list(HealthCheck))
-TestPipelineModel = PipelineModel.TestCase
+# A longer run (the environment variables above) is given the time it needs.
+TestPipelineModel = pytest.mark.timeout(
+    0 if "PYNSQ_SPARK_MODEL_EXAMPLES" in os.environ else 300)(PipelineModel.TestCase)
 
 
 # -- the scenarios found, each run through the same driver and oracle -----------------
-import pytest  # noqa: E402
-
 from spark_connector.session import DataLoss  # noqa: E402
 
 

@@ -200,7 +200,7 @@ def test_the_spark_submit_relay_job_runs_for_real(broker, client, tmp_path):
     out = [json.loads(body) for body in drain(client, "enriched").elements()]
     assert sorted(int(o["n"]) for o in out if "n" in o) == list(range(100))
     assert [o["raw"] for o in out if "raw" in o] == ["not json"]
-    assert all(o["attempts"] == "1" and len(o["source_id"]) == 16 for o in out)
+    assert all(o["attempts"] == 1 and len(o["source_id"]) == 16 for o in out)
 
 
 def test_calling_pub_to_topic_twice_outside_a_stream_publishes_twice(spark, broker, client):
@@ -242,15 +242,22 @@ def test_pub_to_topic_routes_each_row_by_its_topic_column_and_a_null_goes_to_top
     assert drain(client, "fallback") == Counter({b"none-0": 1})
 
 
-def test_a_topic_column_overrides_the_sinks_topic_option(spark, broker, client):
-    for topic in ("x", "fallback"):
+def test_the_sinks_topic_option_wins_over_a_topic_column_as_in_kafka(spark, broker, client):
+    for topic in ("x", "chosen"):
         client.admin("channel", "create", topic, "check")
     df = spark.createDataFrame([("to-x-0", "x"), ("to-x-1", "x"), ("no-topic", None)],
                                "body STRING, topic STRING")
-    df.write.format("pynsq").option("address", broker.address).option("topic", "fallback") \
+    df.write.format("pynsq").option("address", broker.address).option("topic", "chosen") \
         .mode("append").save()
-    assert drain(client, "x") == Counter({b"to-x-0": 1, b"to-x-1": 1})
-    assert drain(client, "fallback") == Counter({b"no-topic": 1})
+    assert drain(client, "chosen") == Counter({b"to-x-0": 1, b"to-x-1": 1, b"no-topic": 1})
+    assert channel_stats(client, "x", "check").depth == 0
+
+
+def test_without_a_topic_option_a_null_topic_column_fails_naming_the_row(spark, broker):
+    df = spark.createDataFrame([("ok", "x"), ("no-topic", None)], "body STRING, topic STRING")
+    with pytest.raises(Exception, match="row 1: column 'topic' is null and no topic option"):
+        df.coalesce(1).write.format("pynsq").option("address", broker.address) \
+            .mode("append").save()
 
 
 @pytest.mark.parametrize("writer", ["pub_to_topic batch_size", "sink batchSize"])

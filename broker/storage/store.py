@@ -974,7 +974,7 @@ class DiskStore(Store):
                 *self._queues(topic, replay.pending(channel_name), now_ns))
         topic.restore_held(*self._queues(topic, replay.pending(None), now_ns))
         for seg, payload in replay.dedupe:
-            self.broker.dedupe.restore(payload)
+            self.broker.dedupe.restore(payload, topic.name)
             self._dedupe.setdefault(name, {}).setdefault(seg, []).append(payload)
         topic_log.reclaim()
         return replay.count()

@@ -1,8 +1,10 @@
 """A Spark Connect client run as its own process by the tests: through a local
 Spark Connect server (``SparkSession.builder.remote("local[2]")``), read a pynsq
 topic with the source (``availableNow``) and write each body, upper-cased, to
-another topic with the native sink; then publish a static DataFrame with
-``df.write.format("pynsq")``. Prints one JSON line of what it did.
+another topic with the native sink; read it again on a second channel and write
+each body, lower-cased, to ``OUT_TOPIC-fb`` with ``pub_to_topic`` in
+``foreachBatch``; then publish a static DataFrame with ``df.write.format("pynsq")``.
+Prints one JSON line of what it did.
 
     python spark_connect_roundtrip.py ADDRESS IN_TOPIC OUT_TOPIC CHECKPOINT_DIR
 """
@@ -30,6 +32,16 @@ def main(address: str, in_topic: str, out_topic: str, checkpoint: str) -> None:
              .option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())
     query.awaitTermination()
+    from spark_connector import pub_to_topic
+
+    second = (spark.readStream.format("pynsq").option("address", address)
+              .option("topic", in_topic).option("channel", "connect-fb").load()
+              .selectExpr("lower(CAST(body AS STRING)) AS body")
+              .writeStream.foreachBatch(pub_to_topic(address, f"{out_topic}-fb",
+                                                     producer="connect-relay"))
+              .option("checkpointLocation", checkpoint + "-fb")
+              .trigger(availableNow=True).start())
+    second.awaitTermination()
     (spark.createDataFrame([("static-1",), ("static-2",)], "body STRING")
      .write.format("pynsq").option("address", address).option("topic", out_topic)
      .mode("append").save())
