@@ -9,6 +9,7 @@ touches only those that are due.
 
 from __future__ import annotations
 
+import logging
 from bisect import bisect_right
 from itertools import accumulate
 from operator import attrgetter
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from .topic import Topic
 
 _BODY, _TIMESTAMP = attrgetter("body"), attrgetter("timestamp")
+log = logging.getLogger("pynsqd")
 
 
 class Channel:
@@ -318,16 +320,22 @@ class Channel:
 
     # -- admin ------------------------------------------------------------
     def pause(self) -> None:
+        log.info("CHANNEL(%s/%s): pausing", self.topic.name, self.name)
         self.paused = True
         self._store.channel_changed(self)
 
     def unpause(self) -> None:
+        log.info("CHANNEL(%s/%s): unpausing", self.topic.name, self.name)
         self.paused = False
         self._store.channel_changed(self)
         self._pump()
 
     def empty(self) -> None:
         """Drop every queued, deferred and in-flight message (as nsqd does)."""
+        log.info("CHANNEL(%s/%s): emptying", self.topic.name, self.name)
+        self._drop_all()
+
+    def _drop_all(self) -> None:
         in_flight = self._in_flight.clear()
         msgs = [*self._ready.messages(), *self._deferred.clear(), *in_flight]
         on_disk = list(self._ready.on_disk())
@@ -344,7 +352,7 @@ class Channel:
         self.deleted = True
         consumers = list(self._consumers)
         self._consumers.clear()
-        self.empty()
+        self._drop_all()
         return consumers
 
     # -- delivery ---------------------------------------------------------

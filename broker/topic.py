@@ -8,6 +8,7 @@ holds is bounded in memory as a channel's backlog is.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 from .backlog import Backlog, OnDisk
@@ -16,6 +17,8 @@ from .errors import ChannelNotFound
 from .message import Message
 from .names import check_channel_name, is_ephemeral
 from .stats import LatencySample, TopicStats
+
+log = logging.getLogger("pynsqd")
 
 if TYPE_CHECKING:
     from .core import Broker
@@ -148,16 +151,22 @@ class Topic:
             self.broker.delete_topic(self.name)
 
     def pause(self) -> None:
+        log.info("TOPIC(%s): pausing", self.name)
         self.paused = True
         self._store.topic_changed(self)
 
     def unpause(self) -> None:
+        log.info("TOPIC(%s): unpausing", self.name)
         self.paused = False
         self._store.topic_changed(self)
         self._flush_held()
 
     def empty(self) -> None:
         """Drop what the topic holds for later channels (channels keep theirs)."""
+        log.info("TOPIC(%s): emptying", self.name)
+        self._drop_held()
+
+    def _drop_held(self) -> None:
         msgs = [*self._held.messages(), *(m for m, _ in self._held_later)]
         on_disk = list(self._held.on_disk())
         self._held.take_all()
@@ -169,7 +178,7 @@ class Topic:
             channel = self.channels.pop(name)
             for consumer in channel.close():
                 self.broker.on_consumer_evicted(consumer)
-        self.empty()
+        self._drop_held()
 
     def stats(self, channel: str | None = None) -> TopicStats:
         channels = [c for n, c in sorted(self.channels.items()) if channel is None or n == channel]

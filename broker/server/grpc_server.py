@@ -442,6 +442,8 @@ class BrokerService(pb_grpc.BrokerServicer):
         session = self.broker.open_lease_session(request.client_id or context.peer(),
                                                  request.session_id, request.grace_ms)
         stream = session.stream
+        log.info("gRPC: lease session %s %s (%s)", session.client_id,
+                 "resumed" if session.resumed else "opened", context.peer())
         try:
             yield pb.LeaseSessionEvent(session_id=session.session_id,
                                        broker_id=self.broker.instance_id,
