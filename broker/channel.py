@@ -474,6 +474,8 @@ class Channel:
             requeue_count=self.requeue_count, timeout_count=self.timeout_count,
             finish_count=self.finish_count, paused=self.paused,
             dead_letter_count=self.dead_letter_count, expired_count=self.expired_count,
+            max_attempts=deadletter.max_attempts(self),
+            dead_letter_topic=deadletter.dead_letter_topic(self),
             clients=[ClientStats.of(c) for c in self._consumers],
             e2e_processing_latency=self.latency.percentiles(),
             on_disk_count=len(self._ready) - self._ready.in_memory,

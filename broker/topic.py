@@ -190,7 +190,7 @@ class Topic:
                           channels=[c.stats() for c in channels],
                           e2e_processing_latency=latency.percentiles(),
                           on_disk_count=len(self._held) - self._held.in_memory,
-                          disk_bytes=self._store.disk_bytes(self))
+                          disk_bytes=self._store.disk_bytes(self), ttl_ms=self.ttl_ms)
 
 
 def _runs(held: list) -> "list[list[Message] | OnDisk]":
