@@ -10,6 +10,7 @@ touches only those that are due.
 from __future__ import annotations
 
 import asyncio
+import logging
 from bisect import bisect_right
 from itertools import accumulate
 from operator import attrgetter
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from .topic import Topic
 
 _BODY, _TIMESTAMP, _ID = attrgetter("body"), attrgetter("timestamp"), attrgetter("id")
+log = logging.getLogger("pynsqd")
 
 
 class Channel:
@@ -353,9 +355,11 @@ class Channel:
 
     # -- admin ------------------------------------------------------------
     def pause(self) -> None:
+        log.info("CHANNEL(%s/%s): pausing", self.topic.name, self.name)
         self._set_paused(True)
 
     def unpause(self) -> None:
+        log.info("CHANNEL(%s/%s): unpausing", self.topic.name, self.name)
         self._set_paused(False)
         self._pump()
 
@@ -369,6 +373,7 @@ class Channel:
 
     def empty(self) -> None:
         """Drop every queued, deferred and in-flight message (as nsqd does)."""
+        log.info("CHANNEL(%s/%s): emptying", self.topic.name, self.name)
         self._store.emptying(self.topic, self)  # written first, or nothing changes
         self._drop_all()
 
@@ -517,6 +522,8 @@ class Channel:
             requeue_count=self.requeue_count, timeout_count=self.timeout_count,
             finish_count=self.finish_count, paused=self.paused,
             dead_letter_count=self.dead_letter_count, expired_count=self.expired_count,
+            max_attempts=deadletter.max_attempts(self),
+            dead_letter_topic=deadletter.dead_letter_topic(self),
             clients=[ClientStats.of(c) for c in self._consumers],
             e2e_processing_latency=self.latency.percentiles(),
             on_disk_count=len(self._ready) - self._ready.in_memory,

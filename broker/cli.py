@@ -24,7 +24,7 @@ import threading
 from . import __version__
 from .client import Client, ClientError, check_address
 from .errors import NotFound
-from .options import DEFAULT_GRPC_ADDRESS, parse_duration_ms, suggest
+from .options import DEFAULT_GRPC_ADDRESS, format_duration, parse_duration_ms, suggest
 from .workers import worker_addresses
 
 ADMIN_ACTIONS = ("create", "delete", "empty", "pause", "unpause")
@@ -230,9 +230,12 @@ def _print_stats(stats) -> None:
         print("no topics")
     for t in stats.topics:
         flag = " (paused)" if t.paused else ""
-        print(f"[{t.name}]{flag} depth: {t.depth} msgs: {t.message_count}")
+        ttl = f" ttl: {format_duration(t.ttl_ms)}" if t.ttl_ms else ""
+        print(f"[{t.name}]{flag} depth: {t.depth} msgs: {t.message_count}{ttl}")
         for c in t.channels:
             flag = " (paused)" if c.paused else ""
+            if c.max_attempts:
+                flag += f" (max-attempts: {c.max_attempts} -> {c.dead_letter_topic})"
             latency = " ".join(f"p{int(p.quantile * 100)}={p.value_ms:.1f}ms"
                                for p in c.e2e_processing_latency)
             print(f"    [{c.name}]{flag} depth: {c.depth} in-flight: {c.in_flight_count} "

@@ -16,11 +16,14 @@ more than that queued before ``block`` stops the next one.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from typing import TYPE_CHECKING, Callable, Optional
 
 from .message import Message
 from .stats import ClientIdentity
+
+log = logging.getLogger("pynsqd")
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -69,14 +72,23 @@ class Consumer:
         consumer.on_evicted = on_evicted
         consumer.batch_bytes = batch_bytes
         broker.subscribe(consumer, topic, channel)
+        log.info("%s: subscribed to %s/%s", consumer.describe(), topic, channel)
         return consumer
 
     def detach(self) -> None:
         """The connection is gone: what it held goes back to the channel at once."""
         channel, self.channel = self.channel, None
         self.closing = True
+        if channel is not None:
+            log.info("%s: left %s/%s (%d in flight requeued)", self.describe(),
+                     channel.topic.name, channel.name, len(self.in_flight))
         if channel is not None and not channel.deleted:
             channel.remove_consumer(self)
+
+    def describe(self) -> str:
+        """``CLIENT(grpc spark-1 127.0.0.1:5123)``, as the log names a consumer."""
+        i = self.identity
+        return f"CLIENT({' '.join(filter(None, (i.version, self.client_id, i.remote_address)))})"
 
     def can_receive(self) -> bool:
         return not self.closing and not self.blocked and len(self.in_flight) < self.rdy

@@ -588,6 +588,9 @@ class Broker:
         self._notify("channel_deleted", channel.topic.name, channel.name)
 
     def _notify(self, event: str, topic: str, channel: str | None) -> None:
+        # nsqd's INFO lines, one per change (never per message).
+        what, _, how = event.partition("_")
+        log.info("%s(%s): %s", what.upper(), f"{topic}/{channel}" if channel else topic, how)
         for listener in self.listeners:
             try:
                 listener(event, topic, channel)

@@ -141,6 +141,8 @@ class ChannelStats:
     disk_bytes: int = 0             # bytes of the topic's files this channel keeps
     dead_letter_count: int = 0      # moved to the dead-letter topic
     expired_count: int = 0          # past their ttl (dead-lettered or dropped)
+    max_attempts: int = 0           # in force: the channel's, else --max-attempts (0: off)
+    dead_letter_topic: str = ""     # in force: where dead letters go ("" with max_attempts 0)
 
 
 @dataclass
@@ -155,3 +157,4 @@ class TopicStats:
     on_disk_count: int = 0          # held messages that wait on disk only
     disk_bytes: int = 0             # bytes of the topic's files
     disk_read_errors: int = 0       # failed reads of its messages on disk (retried)
+    ttl_ms: int = 0                 # default ttl of its messages (0: none)

@@ -8,6 +8,7 @@ holds is bounded in memory as a channel's backlog is.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 from .backlog import Backlog, OnDisk
@@ -16,6 +17,8 @@ from .errors import ChannelNotFound
 from .message import Message
 from .names import check_channel_name, is_ephemeral
 from .stats import LatencySample, TopicStats
+
+log = logging.getLogger("pynsqd")
 
 if TYPE_CHECKING:
     from .core import Broker
@@ -148,9 +151,11 @@ class Topic:
             self.broker.delete_topic(self.name)
 
     def pause(self) -> None:
+        log.info("TOPIC(%s): pausing", self.name)
         self._set_paused(True)
 
     def unpause(self) -> None:
+        log.info("TOPIC(%s): unpausing", self.name)
         self._set_paused(False)
         self._flush_held()
 
@@ -164,6 +169,7 @@ class Topic:
 
     def empty(self) -> None:
         """Drop what the topic holds for later channels (channels keep theirs)."""
+        log.info("TOPIC(%s): emptying", self.name)
         self._store.emptying(self, None)  # written first, or nothing changes
         self._drop_held()
 
@@ -192,7 +198,7 @@ class Topic:
                           e2e_processing_latency=latency.percentiles(),
                           on_disk_count=len(self._held) - self._held.in_memory,
                           disk_bytes=self._store.disk_bytes(self),
-                          disk_read_errors=self._store.read_errors(self))
+                          disk_read_errors=self._store.read_errors(self), ttl_ms=self.ttl_ms)
 
 
 def _runs(held: list) -> "list[list[Message] | OnDisk]":

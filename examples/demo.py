@@ -28,10 +28,10 @@ EVENTS = 5000
 ACTIONS = ["view", "click", "purchase"]
 
 
-def produce(address: str) -> None:
+def produce(address: str, events: int = EVENTS) -> None:
     client = Client(address)
     rng = random.Random(7)
-    for start in range(0, EVENTS, 250):
+    for start in range(0, events, 250):
         batch = [json.dumps({"user": f"user-{rng.randrange(20)}",
                              "action": rng.choice(ACTIONS),
                              "amount": rng.randrange(1, 100)}).encode()
@@ -41,11 +41,14 @@ def produce(address: str) -> None:
     client.close()
 
 
-def main() -> None:
-    spark = (SparkSession.builder.master("local[2]").appName("pynsq-demo")
-             .config("spark.ui.enabled", "false")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+def main(spark: SparkSession | None = None, published: int = EVENTS) -> None:
+    """Run the demo in ``spark`` (kept running), or in a local session of its own."""
+    own = spark is None
+    if own:
+        spark = (SparkSession.builder.master("local[2]").appName("pynsq-demo")
+                 .config("spark.ui.enabled", "false")
+                 .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
     totals = {"rows": 0}
 
     def show(batch, batch_id: int) -> None:
@@ -62,7 +65,7 @@ def main() -> None:
         print(f"embedded broker on {broker.address}")
         client = Client(broker.address)
         client.admin("channel", "create", "events", "spark")
-        producer = threading.Thread(target=produce, args=(broker.address,))
+        producer = threading.Thread(target=produce, args=(broker.address, published))
         producer.start()
 
         schema = "user STRING, action STRING, amount INT"
@@ -81,15 +84,16 @@ def main() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             channel = client.stats("events", "spark").topics[0].channels[0]
-            if channel.finish_count >= EVENTS:
+            if channel.finish_count >= published:
                 break
             time.sleep(0.2)
         query.stop()
-        print(f"published {EVENTS} events; Spark read {totals['rows']}; "
+        print(f"published {published} events; Spark read {totals['rows']}; "
               f"broker FINed {channel.finish_count}, depth {channel.depth}, "
               f"in flight {channel.in_flight_count}")
         client.close()
-    spark.stop()
+    if own:
+        spark.stop()
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ def enrich(df):
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     spark = SparkSession.builder.appName("pynsq-relay").getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")  # the job's own summary, not Spark's INFO lines
     source = (spark.readStream.format("pynsq").option("address", args.address)
               .option("topic", args.source_topic).option("channel", args.channel)
               .option("maxMessagesPerTrigger", args.max_per_trigger).load())
@@ -65,7 +66,11 @@ def main(argv: list[str] | None = None) -> None:
               .option("checkpointLocation", args.checkpoint))
     writer = (writer.trigger(availableNow=True) if args.available_now
               else writer.trigger(processingTime="1 second"))
-    writer.start().awaitTermination()
+    query = writer.start()
+    query.awaitTermination()
+    relayed = sum(p["numInputRows"] for p in query.recentProgress)
+    print(f"relay: {relayed} messages from {args.source_topic}/{args.channel} to "
+          f"{args.sink_topic} in {len(query.recentProgress)} micro-batches")
     spark.stop()
 
 

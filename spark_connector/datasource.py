@@ -36,7 +36,21 @@ class PynsqDataSource(DataSource):
         return "pynsq"
 
     def schema(self) -> StructType:
+        # Spark asks for the schema in load(), and only for a read: checking the
+        # read's options here makes a bad one fail load(), as Kafka's source does,
+        # instead of the query's start.
+        from .options import ReaderOptions
+
+        ReaderOptions.parse(self.options)
         return SCHEMA
+
+    def reader(self, schema):
+        from .options import OptionError
+
+        raise OptionError(
+            "pynsq reads a channel as a stream: spark.read.format(\"pynsq\") is not "
+            "supported; use spark.readStream.format(\"pynsq\") and "
+            "writeStream.trigger(availableNow=True) to read what the channel holds, then stop")
 
     def streamReader(self, schema):
         from .reader import PynsqStreamReader

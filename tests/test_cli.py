@@ -189,3 +189,33 @@ def test_version_is_printed():
     result = subprocess.run([bin_path("pynsq"), "--version"], capture_output=True, text=True,
                             timeout=30)
     assert result.returncode == 0 and result.stdout.startswith("pynsq ")
+
+
+def test_stats_show_each_channels_dead_letter_settings_and_the_topics_ttl():
+    """`pynsq stats`, gRPC Stats and HTTP /stats (nsqd's shape, fields added)."""
+    import json
+    import urllib.request
+
+    from broker import Client, EmbeddedBroker
+
+    with EmbeddedBroker(max_attempts=3) as broker, Client(broker.address) as client:
+        assert pynsq(broker.address, "topic", "create", "events", "--ttl", "90s").returncode == 0
+        assert pynsq(broker.address, "channel", "create", "events", "work", "--max-attempts",
+                     "5", "--dead-letter-topic", "failed").returncode == 0
+        client.create_channel("events", "archive")    # the broker's --max-attempts
+        client.create_channel("events", "keep", max_attempts=0)
+        lines = pynsq(broker.address, "stats").stdout.splitlines()
+        with urllib.request.urlopen(f"http://{broker.http_address}/stats?format=json") as r:
+            http = json.load(r)
+        grpc = {c.name: (c.max_attempts, c.dead_letter_topic)
+                for c in client.stats("events").topics[0].channels}
+    assert lines[0] == "[events] depth: 0 msgs: 0 ttl: 90s"
+    assert "[work] (max-attempts: 5 -> failed) depth:" in lines[lines.index(lines[0]) + 3]
+    assert any("[archive] (max-attempts: 3 -> events.dead) depth:" in line for line in lines)
+    assert any(line.strip().startswith("[keep] depth:") for line in lines)
+    assert grpc == {"archive": (3, "events.dead"), "keep": (0, ""), "work": (5, "failed")}
+    topic = next(t for t in http["topics"] if t["topic_name"] == "events")
+    assert topic["ttl_ms"] == 90_000
+    assert {c["channel_name"]: (c["max_attempts"], c["dead_letter_topic"])
+            for c in topic["channels"]} == grpc
+    assert {"depth", "in_flight_count", "clients", "paused"} <= set(topic["channels"][0])

@@ -9,7 +9,7 @@ import pytest
 
 from broker import Client
 
-from .helpers import Daemon, bin_path
+from .helpers import Daemon, bin_path, wait_for
 
 
 @pytest.fixture
@@ -182,3 +182,42 @@ def test_help_shows_defaults_in_the_units_users_write():
 def test_version_is_printed():
     result = pynsqd("--version")
     assert result.returncode == 0 and result.stdout.startswith("pynsqd ")
+
+
+def test_operators_see_clients_topics_channels_and_admin_actions_in_the_info_log(caplog):
+    """nsqd's INFO lines: a line per client, per topic/channel change and per admin
+    action, whatever the protocol, and none per message."""
+    import logging
+    import socket
+
+    from broker import EmbeddedBroker
+
+    caplog.set_level(logging.INFO, logger="pynsqd")
+    with EmbeddedBroker() as broker, Client(broker.address) as client:
+        client.create_channel("events", "archive")
+        with client.subscribe("events", "spark", rdy=100) as sub:
+            client.multi_publish("events", [b"x"] * 200)
+            for _ in range(200):
+                sub.fin(sub.get(10).id)
+        host, port = broker.tcp_address.rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as tcp:
+            tcp.sendall(b"  V2SUB events nsq\n")
+            tcp.recv(64)
+        client.admin("channel", "pause", "events", "archive")
+        client.admin("channel", "empty", "events", "archive")
+        client.admin("topic", "pause", "events")
+        client.admin("channel", "delete", "events", "archive")
+        client.admin("topic", "delete", "events")
+        wait_for(lambda: "TCP: client(" in caplog.text, message="the TCP client's exit")
+    lines = [r.getMessage() for r in caplog.records if r.name == "pynsqd"]
+    text = "\n".join(lines)
+    for expected in ("TOPIC(events): created", "CHANNEL(events/archive): created",
+                     "CHANNEL(events/spark): created", "CHANNEL(events/nsq): created",
+                     "subscribed to events/spark", "left events/spark (0 in flight requeued)",
+                     "TCP: new client(127.0.0.1:", "subscribed to events/nsq",
+                     "CHANNEL(events/archive): pausing", "CHANNEL(events/archive): emptying",
+                     "TOPIC(events): pausing", "CHANNEL(events/archive): deleted",
+                     "TOPIC(events): deleted"):
+        assert expected in text, expected
+    assert "CLIENT(grpc " in text and "CLIENT(V2 " in text
+    assert len(lines) < 40, text  # 200 messages published and FINed: no line of their own

@@ -57,3 +57,36 @@ def test_make_check_java_passes_when_java_is_on_the_path(project):
     result = make(project, "check-java")
     assert result.returncode == 0, result.stdout + result.stderr
     assert JAVA_MISSING not in result.stdout + result.stderr
+
+
+def fake_tools(folder: Path, *, chromium: bool) -> Path:
+    """A PATH of stand-ins: apt-get and make record their arguments, id says root."""
+    folder.mkdir()
+    log = folder / "calls.log"
+    tools = {"apt-get": f'echo "apt-get $*" >> {log}', "make": f'echo "make $*" >> {log}',
+             "id": "echo 0"}
+    if chromium:
+        tools["chromium"] = "exit 0"
+    for name, body in tools.items():
+        path = folder / name
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(0o755)
+    return log
+
+
+@pytest.mark.parametrize("chromium", [False, True])
+def test_ci_installs_chromium_only_when_it_is_missing_then_runs_make_test(tmp_path, chromium):
+    log = fake_tools(tmp_path / "bin", chromium=chromium)
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"}
+    if shutil.which("chromium", path=env["PATH"]) and not chromium:
+        pytest.skip("a real chromium is on /usr/bin")
+    result = subprocess.run(["bash", str(ROOT / ".ci" / "run")], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    calls = log.read_text().splitlines()
+    installs = [c for c in calls if c.startswith("apt-get") and "install" in c]
+    if chromium:
+        assert installs == []
+    else:
+        assert len(installs) == 1 and "chromium chromium-driver" in installs[0]
+    assert calls[-1] == "make test"

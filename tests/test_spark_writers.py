@@ -197,6 +197,8 @@ def test_the_spark_submit_relay_job_runs_for_real(broker, client, tmp_path):
          "--sink-topic", "enriched", "--checkpoint", str(tmp_path / "ck"), "--available-now"],
         capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "relay: 101 messages from events/relay to enriched" in result.stdout
+    assert len((result.stdout + result.stderr).splitlines()) < 80  # Spark's INFO lines: 223
     out = [json.loads(body) for body in drain(client, "enriched").elements()]
     assert sorted(int(o["n"]) for o in out if "n" in o) == list(range(100))
     assert [o["raw"] for o in out if "raw" in o] == ["not json"]

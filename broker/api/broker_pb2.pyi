@@ -241,7 +241,7 @@ class ClientStats(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., ready_count: _Optional[int] = ..., in_flight_count: _Optional[int] = ..., message_count: _Optional[int] = ..., finish_count: _Optional[int] = ..., requeue_count: _Optional[int] = ...) -> None: ...
 
 class ChannelStats(_message.Message):
-    __slots__ = ("name", "depth", "in_flight_count", "deferred_count", "message_count", "requeue_count", "timeout_count", "paused", "clients", "e2e_processing_latency", "finish_count", "dead_letter_count", "expired_count", "on_disk_count", "disk_bytes")
+    __slots__ = ("name", "depth", "in_flight_count", "deferred_count", "message_count", "requeue_count", "timeout_count", "paused", "clients", "e2e_processing_latency", "finish_count", "dead_letter_count", "expired_count", "on_disk_count", "disk_bytes", "max_attempts", "dead_letter_topic")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DEPTH_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -257,6 +257,8 @@ class ChannelStats(_message.Message):
     EXPIRED_COUNT_FIELD_NUMBER: _ClassVar[int]
     ON_DISK_COUNT_FIELD_NUMBER: _ClassVar[int]
     DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_TOPIC_FIELD_NUMBER: _ClassVar[int]
     name: str
     depth: int
     in_flight_count: int
@@ -272,10 +274,12 @@ class ChannelStats(_message.Message):
     expired_count: int
     on_disk_count: int
     disk_bytes: int
-    def __init__(self, name: _Optional[str] = ..., depth: _Optional[int] = ..., in_flight_count: _Optional[int] = ..., deferred_count: _Optional[int] = ..., message_count: _Optional[int] = ..., requeue_count: _Optional[int] = ..., timeout_count: _Optional[int] = ..., paused: _Optional[bool] = ..., clients: _Optional[_Iterable[_Union[ClientStats, _Mapping]]] = ..., e2e_processing_latency: _Optional[_Iterable[_Union[Percentile, _Mapping]]] = ..., finish_count: _Optional[int] = ..., dead_letter_count: _Optional[int] = ..., expired_count: _Optional[int] = ..., on_disk_count: _Optional[int] = ..., disk_bytes: _Optional[int] = ...) -> None: ...
+    max_attempts: int
+    dead_letter_topic: str
+    def __init__(self, name: _Optional[str] = ..., depth: _Optional[int] = ..., in_flight_count: _Optional[int] = ..., deferred_count: _Optional[int] = ..., message_count: _Optional[int] = ..., requeue_count: _Optional[int] = ..., timeout_count: _Optional[int] = ..., paused: _Optional[bool] = ..., clients: _Optional[_Iterable[_Union[ClientStats, _Mapping]]] = ..., e2e_processing_latency: _Optional[_Iterable[_Union[Percentile, _Mapping]]] = ..., finish_count: _Optional[int] = ..., dead_letter_count: _Optional[int] = ..., expired_count: _Optional[int] = ..., on_disk_count: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., max_attempts: _Optional[int] = ..., dead_letter_topic: _Optional[str] = ...) -> None: ...
 
 class TopicStats(_message.Message):
-    __slots__ = ("name", "depth", "message_count", "message_bytes", "paused", "channels", "e2e_processing_latency", "on_disk_count", "disk_bytes")
+    __slots__ = ("name", "depth", "message_count", "message_bytes", "paused", "channels", "e2e_processing_latency", "on_disk_count", "disk_bytes", "ttl_ms")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DEPTH_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -285,6 +289,7 @@ class TopicStats(_message.Message):
     E2E_PROCESSING_LATENCY_FIELD_NUMBER: _ClassVar[int]
     ON_DISK_COUNT_FIELD_NUMBER: _ClassVar[int]
     DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
     name: str
     depth: int
     message_count: int
@@ -294,7 +299,8 @@ class TopicStats(_message.Message):
     e2e_processing_latency: _containers.RepeatedCompositeFieldContainer[Percentile]
     on_disk_count: int
     disk_bytes: int
-    def __init__(self, name: _Optional[str] = ..., depth: _Optional[int] = ..., message_count: _Optional[int] = ..., message_bytes: _Optional[int] = ..., paused: _Optional[bool] = ..., channels: _Optional[_Iterable[_Union[ChannelStats, _Mapping]]] = ..., e2e_processing_latency: _Optional[_Iterable[_Union[Percentile, _Mapping]]] = ..., on_disk_count: _Optional[int] = ..., disk_bytes: _Optional[int] = ...) -> None: ...
+    ttl_ms: int
+    def __init__(self, name: _Optional[str] = ..., depth: _Optional[int] = ..., message_count: _Optional[int] = ..., message_bytes: _Optional[int] = ..., paused: _Optional[bool] = ..., channels: _Optional[_Iterable[_Union[ChannelStats, _Mapping]]] = ..., e2e_processing_latency: _Optional[_Iterable[_Union[Percentile, _Mapping]]] = ..., on_disk_count: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
     __slots__ = ("topics", "start_time", "version")

@@ -580,6 +580,8 @@ class BrokerService(pb_grpc.BrokerServicer):
                                                  request.session_id, request.grace_ms,
                                                  owner=principal_of(context))
         stream = session.stream
+        log.info("gRPC: lease session %s %s (%s)", session.client_id,
+                 "resumed" if session.resumed else "opened", context.peer())
         try:
             yield pb.LeaseSessionEvent(session_id=session.session_id,
                                        broker_id=self.broker.instance_id,
@@ -657,7 +659,7 @@ def _topic_stats(t) -> pb.TopicStats:
     return pb.TopicStats(
         name=t.name, depth=t.depth, message_count=t.message_count,
         message_bytes=t.message_bytes, paused=t.paused,
-        on_disk_count=t.on_disk_count, disk_bytes=t.disk_bytes,
+        on_disk_count=t.on_disk_count, disk_bytes=t.disk_bytes, ttl_ms=t.ttl_ms,
         e2e_processing_latency=_percentiles(t.e2e_processing_latency),
         channels=[pb.ChannelStats(
             name=c.name, depth=c.depth, in_flight_count=c.in_flight_count,
@@ -666,6 +668,7 @@ def _topic_stats(t) -> pb.TopicStats:
             finish_count=c.finish_count, paused=c.paused,
             dead_letter_count=c.dead_letter_count, expired_count=c.expired_count,
             on_disk_count=c.on_disk_count, disk_bytes=c.disk_bytes,
+            max_attempts=c.max_attempts, dead_letter_topic=c.dead_letter_topic,
             e2e_processing_latency=_percentiles(c.e2e_processing_latency),
             clients=[pb.ClientStats(client_id=k.client_id, ready_count=k.ready_count,
                                     in_flight_count=k.in_flight_count,

@@ -430,6 +430,7 @@ def _topic_json(t) -> dict:
         "topic_name": t.name, "depth": t.depth, "backend_depth": t.on_disk_count,
         "disk_bytes": t.disk_bytes, "disk_read_errors": t.disk_read_errors,
         "message_count": t.message_count, "message_bytes": t.message_bytes, "paused": t.paused,
+        "ttl_ms": t.ttl_ms,
         "e2e_processing_latency": _latency(t.e2e_processing_latency, t.message_count),
         "channels": [{
             "channel_name": c.name, "depth": c.depth, "backend_depth": c.on_disk_count,
@@ -438,6 +439,7 @@ def _topic_json(t) -> dict:
             "message_count": c.message_count, "requeue_count": c.requeue_count,
             "timeout_count": c.timeout_count, "client_count": len(c.clients), "paused": c.paused,
             "dead_letter_count": c.dead_letter_count, "expired_count": c.expired_count,
+            "max_attempts": c.max_attempts, "dead_letter_topic": c.dead_letter_topic,
             "e2e_processing_latency": _latency(c.e2e_processing_latency, c.finish_count),
             "clients": [_client_json(k) for k in c.clients],
         } for c in t.channels]}

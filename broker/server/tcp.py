@@ -200,12 +200,14 @@ class V2Connection(asyncio.Protocol):
         self._set_buffer_limits()
         peer = transport.get_extra_info("peername")
         self.client_id = f"{peer[0]}:{peer[1]}" if peer else "tcp"
+        log.info("TCP: new client(%s)", self.client_id)
         if self.server.security is not None:
             self.auth = self.server.security.client_auth(peer[0] if peer else "")
         self.server.connections.add(self)
         self._schedule_heartbeat()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        log.info("TCP: client(%s) gone%s", self.client_id, f" ({exc})" if exc else "")
         self.state = CLOSED
         self.server.connections.discard(self)
         for timer in (self._heartbeat, self._stuck, self._linger):
