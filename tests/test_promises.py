@@ -31,16 +31,18 @@ def rows() -> list[tuple[str, str, str]]:
 @cache
 def collected(path: Path) -> frozenset[str]:
     """The names pytest collects as tests from one file: module-level `test_*` functions,
-    `test_*` methods of `Test*` classes, and `test_*` names bound to a hypothesis state
-    machine's `TestCase`."""
+    `test_*` methods of `Test*` classes, and `test_*` or `Test*` names bound to a hypothesis
+    state machine's `TestCase`."""
     names = set()
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_"):
             names.add(node.name)
-        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Attribute) \
-                and node.value.attr == "TestCase":
+        elif isinstance(node, ast.Assign) and any(
+                isinstance(part, ast.Attribute) and part.attr == "TestCase"
+                for part in ast.walk(node.value)):
             names.update(target.id for target in node.targets
-                         if isinstance(target, ast.Name) and target.id.startswith("test_"))
+                         if isinstance(target, ast.Name)
+                         and target.id.startswith(("test_", "Test")))
         elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
             names.update(item.name for item in node.body
                          if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
