@@ -227,7 +227,7 @@ def start_pynsqd(args: list[str]) -> int:
     log = open(os.environ["READMEKIT_LOG"], "ab")
     said_from = log.tell()
     proc = subprocess.Popen([sys.executable, "-m", "tests.readmekit", "supervise",
-                             sys.executable, "-m", "broker.daemon", *ours, *args],
+                             str(Path(sys.executable).parent / "pynsqd"), *ours, *args],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     with pids.open("a") as f:
         f.write(f"{proc.pid}\n")
@@ -257,6 +257,7 @@ def start_pynsqd(args: list[str]) -> int:
 def supervise(argv: list[str]) -> int:
     """Run ``argv``, pass SIGTERM on, and record its exit code where
     ``_terminate`` finds it (this process's pid is the one the block knows)."""
+    Path(_status_file(os.getpid())).unlink(missing_ok=True)  # a stale one, of a reused pid
     child = subprocess.Popen(argv)
     signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
     signal.signal(signal.SIGINT, lambda *_: child.send_signal(signal.SIGINT))

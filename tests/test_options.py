@@ -231,3 +231,17 @@ def test_statsd_exclude_ephemeral_leaves_ephemeral_topics_and_channels_out():
     assert any("#ephemeral" in line for line in every)
     assert kept and not any("#ephemeral" in line for line in kept)
     assert any(line.startswith("p.topic.t.channel.c.") for line in kept)
+
+
+def test_broadcast_ports_are_what_is_registered_with_nsqlookupd():
+    from broker.lookupd import LookupdRegistration
+
+    from .corekit import new_broker
+
+    listening = {"tcp": "0.0.0.0:4150", "http": "0.0.0.0:4151"}
+    broker, _ = new_broker(broadcast_tcp_port=14150, broadcast_http_port=14151)
+    assert (LookupdRegistration(broker, listening).peer_info()["tcp_port"],
+            LookupdRegistration(broker, listening).peer_info()["http_port"]) == (14150, 14151)
+    broker, _ = new_broker()
+    info = LookupdRegistration(broker, listening).peer_info()
+    assert (info["tcp_port"], info["http_port"]) == (4150, 4151)
