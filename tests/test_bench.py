@@ -9,11 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks import nsq_bench
 
 ROOT = Path(__file__).parent.parent
 
 
+@pytest.mark.timeout(660)  # the run's own limit (600 s) first: a slow machine, not a hang
 def test_quick_benchmark_prints_and_writes_the_table(tmp_path):
     out = tmp_path / "bench.json"
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)

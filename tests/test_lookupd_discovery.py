@@ -114,13 +114,13 @@ def test_a_broker_that_left_nsqlookupd_is_not_reserved_from_but_its_leases_are_f
             "lookupdHttpAddress": lookupd.http_address, "topic": "events", "channel": "spark",
             "timeoutMs": "5000", "lookupdPollIntervalMs": "100"}))
         try:
-            first = keeper.reserve(1, 20, 1 << 20, None)
+            first = keeper.reserve(1, 20, 1 << 20)
             assert per_broker(first) == {a.address: 10, b.address: 10}
             http_json(f"http://{lookupd.http_address}/topic/tombstone?topic=events"
                       f"&node={b.http_address}", "POST")
             wait_for(lambda: keeper.brokers() == [a.address], 30,
                      message="the tombstoned broker to leave the fleet")
-            second = keeper.reserve(2, 1000, 1 << 20, None)
+            second = keeper.reserve(2, 1000, 1 << 20)
             assert per_broker(second) == {a.address: 90}
             left = channel_stats(client_b, "events", "spark")
             assert (left.depth, left.in_flight_count) == (90, 10)   # not reserved from

@@ -371,7 +371,7 @@ def test_the_spark_sources_lease_keeper_reads_every_worker_behind_a_shared_addre
         keeper.ensure_channel()
         for i in range(40):
             http_pub(supervisor.http, "clicks", f"click-{i}")
-        leases = keeper.reserve(1, 1000, 1 << 20, None)
+        leases = keeper.reserve(1, 1000, 1 << 20)
         assert sum(lease["count"] for lease in leases.values()) == 40
         assert {lease["address"] for lease in leases.values()} == set(keeper.brokers())
         keeper.finish_through(1, leases)
