@@ -64,6 +64,8 @@ from .faultfs import FaultyFiles
 
 LONG_RUN = os.environ.get("PYNSQ_MODEL_EXAMPLES")
 EXAMPLES = int(LONG_RUN or "150")
+if LONG_RUN:   # as long as it takes, past the suite's per-test timeout
+    pytestmark = pytest.mark.timeout(0)
 TOPICS = ["a", "b", "e#ephemeral"]
 CHANNELS = ["x", "y", "z#ephemeral"]
 MSG_TIMEOUT = 60.0
