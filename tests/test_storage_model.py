@@ -64,6 +64,8 @@ from .faultfs import FaultyFiles
 
 LONG_RUN = os.environ.get("PYNSQ_MODEL_EXAMPLES")
 EXAMPLES = int(LONG_RUN or "150")
+if LONG_RUN:   # as long as it takes, past the suite's per-test timeout
+    pytestmark = pytest.mark.timeout(0)
 TOPICS = ["a", "b", "e#ephemeral"]
 CHANNELS = ["x", "y", "z#ephemeral"]
 MSG_TIMEOUT = 60.0
@@ -504,11 +506,18 @@ class StorageModel(RuleBasedStateMachine):
             t.channels[channel].paused = paused
         self.end_of_pass()
 
-    @rule(err=st.sampled_from([errno.EMFILE, errno.EIO]), times=st.integers(1, 4))
-    def reads_fail(self, err: int, times: int) -> None:
+    @precondition(lambda self: self.consumers)
+    @rule(data=st.data(), err=st.sampled_from([errno.EMFILE, errno.EIO]),
+          times=st.integers(1, 6))
+    def reads_fail(self, data, err: int, times: int) -> None:
         """The next reads of messages waiting on disk fail (too many open files, an I/O
-        error): not damage. Nothing is lost; they are read again later."""
+        error) while a consumer asks for more and reads under way arrive: not damage.
+        Nothing is lost; they are read again later."""
         self.files.fail("pread", err, times=times)
+        self.consume(data)
+        if self.reads:
+            self.disk_reads_arrive()
+        event("reads failed")
 
     @rule(then_power_loss=st.booleans())
     def a_sync_fails(self, then_power_loss: bool) -> None:
