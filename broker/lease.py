@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pynsqd")
 _session_ids = itertools.count(1)
-_ID = attrgetter("id")
+_ID, _ATTEMPTS = attrgetter("id"), attrgetter("attempts")
 
 
 class HeldMessages(MutableMapping):
@@ -362,10 +362,7 @@ class LeaseJournal:
 
     def made(self, lease: "Lease") -> None:
         assert lease.channel is not None
-        order = lease.order
-        attempts = lease.attempts_of(order) or [m.attempts for m in order]
-        record = self._encode_made(lease.lease_id, lease.channel.topic.name, lease.channel.name,
-                                   lease.msg_timeout, [m.id for m in order], attempts)
+        record = self._encode_lease(lease)
         self._write(record)
         self._sizes[lease.lease_id] = len(record)
         self._live_bytes += len(record)
@@ -401,13 +398,13 @@ class LeaseJournal:
                                      lease.attempts)
         order = lease.order
         return self._encode_made(lease.lease_id, lease.channel.topic.name, lease.channel.name,
-                                 lease.msg_timeout, [m.id for m in order],
-                                 lease.attempts_of(order) or [m.attempts for m in order])
+                                 lease.msg_timeout, list(map(_ID, order)),
+                                 lease.attempts_of(order) or list(map(_ATTEMPTS, order)))
 
     def _encode_made(self, lease_id: str, topic: str, channel: str, msg_timeout: float,
                      ids: list[str], attempts: list[int]) -> bytes:
         t, c = topic.encode(), channel.encode()
-        counts = array("H", (min(a, 0xFFFF) for a in attempts))
+        counts = array("H", attempts)  # attempts are capped at 65535 (message.MAX_ATTEMPTS)
         if sys.byteorder != "little":
             counts.byteswap()
         payload = b"".join((self._MADE.pack(lease_id.encode(), len(t), len(c),
