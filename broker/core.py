@@ -319,7 +319,7 @@ class Broker:
         leases are written to it. Returns how many leases were kept."""
         kept = []
         in_channel: dict[Channel, set[str]] = {}
-        for lease_id, topic, channel, timeout, ids, attempts in journal.load():
+        for lease_id, topic, channel, timeout, ids, attempts, owner in journal.load():
             t = self.topics.get(topic)
             ch = t.channels.get(channel) if t is not None else None
             if ch is None:
@@ -329,10 +329,10 @@ class Broker:
             here = [i for i in ids if i in in_channel[ch]]
             if not here:
                 continue
-            remembered = RememberedLease(ch, ids, timeout, attempts, lease_id)
+            remembered = RememberedLease(ch, ids, timeout, attempts, lease_id, owner=owner)
             self._requeued[lease_id] = remembered
             ch.lease_claims.claim(remembered, here)
-            kept.append((lease_id, topic, channel, timeout, ids, attempts))
+            kept.append((lease_id, topic, channel, timeout, ids, attempts, owner))
         journal.open(kept)
         self.lease_journal = journal
         if kept:

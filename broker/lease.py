@@ -303,7 +303,9 @@ class LeaseJournal:
     MADE, GONE = 1, 2
     _HEAD = struct.Struct("<IB")
     _CRC = struct.Struct("<I")
-    _MADE = struct.Struct("<24sHHII")  # lease id, topic len, channel len, msg timeout ms, n
+    # lease id, topic len, channel len, owner len, msg timeout ms, n; then topic, channel,
+    # owner (who may act on the lease under auth), ids, attempts
+    _MADE = struct.Struct("<24sHHHII")
     COMPACT_RATIO = 4
     COMPACT_MIN_BYTES = 1 << 20
 
@@ -315,7 +317,7 @@ class LeaseJournal:
         self._fd = -1
 
     # -- reading, at start ----------------------------------------------------
-    def load(self) -> list[tuple[str, str, str, float, list[str], list[int]]]:
+    def load(self) -> list[tuple[str, str, str, float, list[str], list[int], str]]:
         """The live leases on disk: (lease id, topic, channel, msg timeout s, ids,
         attempts), in the order they were made."""
         try:
@@ -342,21 +344,23 @@ class LeaseJournal:
         return list(live.values())
 
     def _decode_made(self, payload: bytes) -> tuple:
-        lease_id, tlen, clen, timeout_ms, n = self._MADE.unpack_from(payload)
+        lease_id, tlen, clen, olen, timeout_ms, n = self._MADE.unpack_from(payload)
         pos = self._MADE.size
         topic = payload[pos:pos + tlen].decode()
         channel = payload[pos + tlen:pos + tlen + clen].decode()
-        pos += tlen + clen
+        owner = payload[pos + tlen + clen:pos + tlen + clen + olen].decode()
+        pos += tlen + clen + olen
         text = payload[pos:pos + 16 * n].decode()
         ids = [text[i:i + 16] for i in range(0, 16 * n, 16)]
         attempts = array("H")
         attempts.frombytes(payload[pos + 16 * n:pos + 18 * n])
         if sys.byteorder != "little":
             attempts.byteswap()
-        return lease_id.decode(), topic, channel, timeout_ms / 1000, ids, attempts.tolist()
+        return (lease_id.decode(), topic, channel, timeout_ms / 1000, ids, attempts.tolist(),
+                owner)
 
     # -- writing --------------------------------------------------------------
-    def open(self, live: "Iterable[tuple[str, str, str, float, list[str], list[int]]]") -> None:
+    def open(self, live: "Iterable[tuple[str, str, str, float, list[str], list[int], str]]") -> None:
         """Start the file afresh with ``live`` (the leases kept after a restart)."""
         self._rewrite([self._encode_made(*record) for record in live])
 
@@ -395,21 +399,22 @@ class LeaseJournal:
         if isinstance(lease, RememberedLease):
             return self._encode_made(lease.lease_id, lease.channel.topic.name,
                                      lease.channel.name, lease.msg_timeout, lease.ids,
-                                     lease.attempts)
+                                     lease.attempts, lease.owner)
         order = lease.order
         return self._encode_made(lease.lease_id, lease.channel.topic.name, lease.channel.name,
                                  lease.msg_timeout, list(map(_ID, order)),
-                                 lease.attempts_of(order) or list(map(_ATTEMPTS, order)))
+                                 lease.attempts_of(order) or list(map(_ATTEMPTS, order)),
+                                 lease.owner)
 
     def _encode_made(self, lease_id: str, topic: str, channel: str, msg_timeout: float,
-                     ids: list[str], attempts: list[int]) -> bytes:
-        t, c = topic.encode(), channel.encode()
+                     ids: list[str], attempts: list[int], owner: str = "") -> bytes:
+        t, c, o = topic.encode(), channel.encode(), owner.encode()
         counts = array("H", attempts)  # attempts are capped at 65535 (message.MAX_ATTEMPTS)
         if sys.byteorder != "little":
             counts.byteswap()
-        payload = b"".join((self._MADE.pack(lease_id.encode(), len(t), len(c),
+        payload = b"".join((self._MADE.pack(lease_id.encode(), len(t), len(c), len(o),
                                             int(msg_timeout * 1000), len(ids)),
-                            t, c, "".join(ids).encode(), counts.tobytes()))
+                            t, c, o, "".join(ids).encode(), counts.tobytes()))
         return self._record(self.MADE, payload)
 
     def _record(self, kind: int, payload: bytes) -> bytes:
