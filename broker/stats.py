@@ -154,3 +154,4 @@ class TopicStats:
     e2e_processing_latency: list[tuple[float, float]] = field(default_factory=list)
     on_disk_count: int = 0          # held messages that wait on disk only
     disk_bytes: int = 0             # bytes of the topic's files
+    rewritten_bytes: int = 0        # pending messages' bytes copied to the log's end

@@ -181,7 +181,8 @@ class Topic:
                           channels=[c.stats() for c in channels],
                           e2e_processing_latency=latency.percentiles(),
                           on_disk_count=len(self._held) - self._held.in_memory,
-                          disk_bytes=self._store.disk_bytes(self))
+                          disk_bytes=self._store.disk_bytes(self),
+                          rewritten_bytes=self._store.rewritten_bytes(self))
 
 
 def _runs(held: list) -> "list[list[Message] | OnDisk]":

@@ -375,7 +375,7 @@ def _latency(values: list[tuple[float, float]], count: int) -> dict:
 def _topic_json(t) -> dict:
     return {
         "topic_name": t.name, "depth": t.depth, "backend_depth": t.on_disk_count,
-        "disk_bytes": t.disk_bytes,
+        "disk_bytes": t.disk_bytes, "rewritten_bytes": t.rewritten_bytes,
         "message_count": t.message_count, "message_bytes": t.message_bytes, "paused": t.paused,
         "e2e_processing_latency": _latency(t.e2e_processing_latency, t.message_count),
         "channels": [{

@@ -67,6 +67,12 @@ log = logging.getLogger("pynsqd")
 # consumers are reading through drains by itself.
 RELOCATE_AT_MOST = 1024
 RELOCATE_AFTER = 1.0
+# ... and only when what the copy writes is at most 1/RELOCATE_GAIN of the bytes it lets
+# go (the file and the drained ones after it). Each byte of the log is let go once, so
+# the bytes copied stay under 1/(RELOCATE_GAIN - 2) of all other bytes written (a half),
+# and a file is kept only while over a quarter of it is pending: an idle backlog, which
+# would let go of nothing, is never copied round and round.
+RELOCATE_GAIN = 4
 # Bytes of a log file read at once at start.
 SCAN_BLOCK = 4 << 20
 
@@ -128,6 +134,11 @@ class Store:
 
     def disk_bytes(self, topic: "Topic") -> int:
         """Bytes of the topic's files on disk."""
+        return 0
+
+    def rewritten_bytes(self, topic: "Topic") -> int:
+        """Bytes of the topic's pending messages copied to the end of its log since the
+        start (so that an old file could go)."""
         return 0
 
     def pinned_bytes(self, channel: "Channel", oldest: Callable[[], int]) -> int:
@@ -233,6 +244,9 @@ class DiskStore(Store):
         self._dedupe: dict[str, dict[int, list[bytes]]] = {}
         # topic -> (its oldest segment, copies holding it, since when) while few hold it
         self._oldest: dict[str, tuple[int, int, float]] = {}
+        # topic -> (segment, copies, bytes a copy would write) of a copy found not worth it
+        self._not_worth: dict[str, tuple[int, int, int]] = {}
+        self.rewritten: Counter[str] = Counter()  # topic -> bytes copied to the log's end
         self._unsynced = 0
         self._last_sync = time.monotonic()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="pynsq-storage")
@@ -453,6 +467,9 @@ class DiskStore(Store):
         topic_log = self.logs.get(topic.name)
         return topic_log.disk_bytes if topic_log is not None else 0
 
+    def rewritten_bytes(self, topic: "Topic") -> int:
+        return self.rewritten.get(topic.name, 0)
+
     def pinned_bytes(self, channel: "Channel", oldest: Callable[[], int]) -> int:
         topic_log = self.logs.get(channel.topic.name)
         if topic_log is None:
@@ -479,6 +496,8 @@ class DiskStore(Store):
         self._logged.pop(topic.name, None)
         self._dedupe.pop(topic.name, None)
         self._oldest.pop(topic.name, None)   # a topic made anew under the name starts over
+        self._not_worth.pop(topic.name, None)
+        self.rewritten.pop(topic.name, None)
         topic_log = self.logs.pop(topic.name, None)
         if topic_log is None:
             return
@@ -618,6 +637,10 @@ class DiskStore(Store):
                 continue
             if now - seen[2] < RELOCATE_AFTER:
                 continue
+            known = self._not_worth.get(name)
+            if (known is not None and known[:2] == (head, count)
+                    and known[2] * RELOCATE_GAIN > topic_log.freed_by(head)):
+                continue  # the same copies, and still not enough to let go of
             del self._oldest[name]
             topic = self.broker.topics.get(name)
             if topic is not None:
@@ -650,12 +673,18 @@ class DiskStore(Store):
             for loc, entry in by_loc.items():
                 msg_id, ts, body, expires = topic_log.read_pub(loc)
                 parts.append(records.move(msg_id, ts, entry, body, expires))
+            size = sum(map(len, parts))
+            if size * RELOCATE_GAIN > topic_log.freed_by(seg):
+                self._not_worth[topic.name] = (seg, count, size)
+                return
             queued, prefix = self._encode_queued(topic.name)
             start = topic_log.append(prefix + b"".join(parts))
         except (OSError, records.DamagedRecord) as err:
             log.error("%s: could not move what segment %d holds: %s", topic_log.dir, seg, err)
             return
         self._written(topic.name, queued)
+        self._not_worth.pop(topic.name, None)
+        self.rewritten[topic.name] += size
         moved, loc = {}, start + len(prefix)
         for old, part in zip(by_loc, parts):
             moved[old] = loc
