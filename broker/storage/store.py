@@ -862,15 +862,31 @@ class DiskStore(Store):
         return replay.count()
 
     def _queues(self, topic: "Topic", entries: Iterable[tuple[int, int, int]], now_ns: int
-                ) -> tuple[list[Message], array, list[tuple[Message, float]]]:
-        """(ready in memory, ready on disk only, deferred with seconds left)."""
+                ) -> tuple[list[Message], array, list[tuple[Message, float]], array | None,
+                           Iterable[tuple[int, int, float]]]:
+        """What ``Channel.restore`` takes: ready in memory, ready on disk only, deferred in
+        memory with seconds left, the delivery counts of those ready on disk only (None:
+        all 0), and (loc, attempts, seconds left) of those deferred on disk only. At
+        most ``spill_limit`` ready and as many deferred are read into memory."""
         ready: list[Message] = []
         on_disk = array("q")
+        on_disk_attempts: array | None = None
         deferred: list[tuple[Message, float]] = []
+        later_locs, later_attempts, later_delays = array("q"), array("H"), array("d")
         limit = self.spill_limit
         for loc, attempts, deliver_at in entries:
-            if deliver_at <= now_ns and not attempts and (on_disk or len(ready) >= limit):
+            if deliver_at > now_ns:
+                if len(deferred) >= limit:
+                    later_locs.append(loc)
+                    later_attempts.append(attempts)
+                    later_delays.append((deliver_at - now_ns) / 1e9)
+                    continue
+            elif on_disk or len(ready) >= limit:
+                if attempts and on_disk_attempts is None:
+                    on_disk_attempts = array("H", bytes(2 * len(on_disk)))
                 on_disk.append(loc)
+                if on_disk_attempts is not None:
+                    on_disk_attempts.append(attempts)
                 continue
             msg = self.load(topic, loc)
             if msg is None:
@@ -880,7 +896,8 @@ class DiskStore(Store):
                 deferred.append((msg, (deliver_at - now_ns) / 1e9))
             else:
                 ready.append(msg)
-        return ready, on_disk, deferred
+        return (ready, on_disk, deferred, on_disk_attempts,
+                zip(later_locs, later_attempts, later_delays))
 
     def abandon(self) -> None:
         """Let go of the data path writing nothing more: what ``kill -9`` leaves
