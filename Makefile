@@ -1,12 +1,13 @@
 # make demo   - the main job end to end on an embedded broker
 # make test   - the whole test suite
+# make crashloop - kill -9 / SIGTERM restarts under load, counting what was lost
 # Both create .venv and install what they need on first use.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test bench protos check-python check-java clean
+.PHONY: demo test bench crashloop protos check-python check-java clean
 
 demo: check-java $(INSTALLED)
 	$(BIN)/python examples/demo.py
@@ -17,6 +18,11 @@ test: check-java $(INSTALLED)
 # Benchmarks: one table of ratios against same-run baselines (BENCH_ARGS=--quick for a short run).
 bench: check-java $(INSTALLED)
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+
+# The crash loop: pynsqd killed and restarted under load, every acknowledged message
+# accounted for (CRASHLOOP_ARGS="--duration 600" for longer); exits 1 on any loss.
+crashloop: $(INSTALLED)
+	$(BIN)/python -m benchmarks.crashloop $(CRASHLOOP_ARGS)
 
 # Regenerate the gRPC stubs in broker/api/ from protos/ (commit the result).
 protos: $(INSTALLED)

@@ -578,3 +578,25 @@ def test_copies_out_of_old_files_write_at_most_half_of_what_else_is_written(tmp_
     assert len(topic_log.refs) < 10 < topic_log.current, "old files went"
     assert len(drain(broker, "events", "work")) == 0   # the hundred wait out their hour
     assert ch.deferred_count == 100
+
+
+def test_a_first_file_that_never_held_a_message_does_not_stop_old_files_being_copied_out(
+        tmp_path):
+    # Every file keeps a message or two deferred for long, so none drains by itself.
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=2048, mem_queue_size=5)
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")   # the first file: its STATE only
+    broker.multi_publish("events", [b"o" * 300] * 8)    # too big for it: the next one
+    for i in range(300):
+        broker.publish("events", f"new-{i}".encode() * 5)
+    ch.set_rdy(consumer, 1000)
+    for n, msg_id in enumerate(list(consumer.in_flight)):
+        if n % 15 == 0:
+            ch.requeue(consumer, msg_id, delay=3000)
+        else:
+            ch.finish(consumer, msg_id)
+    for _ in range(3):
+        clock.advance(1)
+        broker.storage.tick()
+    assert broker.topic("events").stats().rewritten_bytes > 0

@@ -625,6 +625,7 @@ class DiskStore(Store):
     def _relocate_stragglers(self) -> None:
         now = self.broker.clock.monotonic()
         for name, topic_log in list(self.logs.items()):
+            topic_log.reclaim()  # a head file that never held a message (only a STATE)
             refs = topic_log.refs
             head = min(refs) if len(refs) >= 3 else -1
             count = refs.get(head, 0)
