@@ -153,10 +153,6 @@ def admin(address: str, stop: threading.Event) -> None:
         except ClientError:
             pass
         time.sleep(rng.uniform(0.2, 1.0))
-    try:
-        client.admin("channel", "unpause", TOPIC, "b")
-    except ClientError:
-        pass
     client.close()
 
 
@@ -204,6 +200,8 @@ def run(duration: float, data_path: str, seed: int = 1) -> dict:
     stop_work.set()
     for t in threads:
         t.join(30)
+    with Client(broker.address, timeout=10) as client:
+        client.admin("channel", "unpause", TOPIC, "b")   # the admin thread may have paused it
     draining.set()
     drained_by = time.monotonic() + 120
     while time.monotonic() < drained_by and pending(broker.address):
