@@ -32,6 +32,16 @@ READ_AHEAD = 1024
 SLACK = READ_AHEAD
 
 
+class ReadLater(Exception):
+    """Raised by a loader: the disk could not be read just now (a passing error, not
+    damage). The message stays queued where it is; ``popleft`` returns None and sets
+    ``stalled``: whoever pops tries again in ``retry_in`` seconds."""
+
+    def __init__(self, what: str, retry_in: float) -> None:
+        super().__init__(f"{what}: reading from disk failed; retried in {retry_in:.2f}s")
+        self.retry_in = retry_in
+
+
 class OnDisk:
     """A run of messages that wait on disk only: their locations, in queue order,
     and those of the next ones already read back (``loaded``)."""
@@ -109,6 +119,8 @@ class OnDisk:
 
 
 Entry = Message | OnDisk
+# In a run's ``loaded``: read again after failing its check, and lost (damaged on disk).
+_LOST = Message("", b"", 0)
 Loader = Callable[[int], "Message | None"]
 # (locations, done, cached_only) -> whether a read was started; ``done`` gets the
 # messages read (None for one that failed its check) or None if the read failed,
@@ -128,6 +140,9 @@ class Backlog:
         self._len = 0
         self._in_memory = 0
         self._ahead: OnDisk | None = None    # the run read ahead last
+        # A read from disk failed for now: nothing more is read from disk until whoever
+        # pops clears it (after a back-off) and pops again.
+        self.stalled = False
 
     def __len__(self) -> int:
         return self._len
@@ -221,8 +236,14 @@ class Backlog:
                 head.gone = True
                 continue
             if head.loaded:
-                self._take_in(head)
+                try:
+                    self._take_in(head)
+                except ReadLater:
+                    self.stalled = True
+                    return None
                 continue
+            if self.stalled:  # a read failed: the next waits for its back-off
+                return None
             if not head.sync and self._fetch is not None:
                 # A lease (not ``wait``) takes what the page cache holds, in bulk.
                 self._read_ahead(head, cached_only=not wait)
@@ -232,12 +253,16 @@ class Backlog:
                     return None
             # Read on the spot: no reading ahead, or it failed, or a lease is waiting
             # (a read under way for these positions is then read again).
-            loc, attempts = head.pop()
+            try:
+                msg = self._load(head.locs[head.start])
+            except ReadLater:
+                self.stalled = True
+                return None
+            _, attempts = head.pop()
             self._len -= 1
             if not head:
                 items.popleft()
                 head.gone = True
-            msg = self._load(loc)
             if msg is not None:
                 msg.attempts = attempts
                 return msg
@@ -261,22 +286,22 @@ class Backlog:
 
     def _take_in(self, run: OnDisk) -> None:
         """Put what was read ahead of ``run`` (now the head) in memory before it."""
-        loaded, run.loaded = run.loaded, deque()
-        attempts = run.attempts_of(run.start, len(loaded))
-        locs = run.take(len(loaded))
-        if attempts is not None:
-            for msg, count in zip(loaded, attempts):
-                if msg is not None:
-                    msg.attempts = count
+        loaded = run.loaded
         msgs: list[Message] | deque[Message | None] = loaded
         if None in loaded:  # failed its check: read again, the loader logs a loss
-            msgs = [m if m is not None else self._load(loc) for m, loc in zip(loaded, locs)]
-            if attempts is not None:
-                for msg, count in zip(msgs, attempts):
-                    if msg is not None:
-                        msg.attempts = count
-            msgs = [m for m in msgs if m is not None]
+            locs = run.locs[run.start:run.start + len(loaded)]
+            for i, loc in enumerate(locs):
+                if loaded[i] is None:  # ReadLater leaves the rest to read next time
+                    loaded[i] = self._load(loc) or _LOST
+            msgs = [m for m in loaded if m is not _LOST]
             self._len -= len(loaded) - len(msgs)
+        attempts = run.attempts_of(run.start, len(loaded))
+        if attempts is not None:
+            for msg, count in zip(loaded, attempts):
+                if msg is not _LOST:
+                    msg.attempts = count
+        run.loaded = deque()
+        run.take(len(loaded))
         items = self._items
         items.extendleft(reversed(msgs))
         self._in_memory += len(msgs)

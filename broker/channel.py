@@ -9,13 +9,14 @@ touches only those that are due.
 
 from __future__ import annotations
 
+import asyncio
 from bisect import bisect_right
 from itertools import accumulate
 from operator import attrgetter
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from . import deadletter
-from .backlog import Backlog
+from .backlog import Backlog, ReadLater
 from .consumer import Consumer
 from .deferred import Deferred
 from .errors import NotInFlight
@@ -57,6 +58,7 @@ class Channel:
         self.dead_letter_topic = ""
         self.dead_letter_count = 0
         self.expired_count = 0
+        self._retry: asyncio.TimerHandle | None = None   # the next read after a failed one
 
     # -- counts -----------------------------------------------------------
     @property
@@ -77,7 +79,28 @@ class Channel:
 
     # -- from the topic ---------------------------------------------------
     def _load(self, loc: int) -> Message | None:
-        return self._store.load(self.topic, loc)
+        try:
+            return self._store.load(self.topic, loc)
+        except ReadLater as later:
+            self._read_later(later.retry_in)
+            raise
+
+    def _read_later(self, delay: float) -> None:
+        """A read from disk failed for now: pump again once the store's back-off ends
+        (on the event loop's timer; without a running loop, at a tick)."""
+        self._timers_started()
+        if self._retry is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            self._retry = loop.call_later(delay, self._retry_read)
+
+    def _retry_read(self) -> None:
+        self._retry = None
+        if not self.deleted and self._ready.stalled:
+            self._ready.stalled = False
+            self._pump()
 
     def _fetch(self, locs, done, cached_only: bool = False) -> bool:
         return self._store.read_ahead(self.topic, locs, done, cached_only)
@@ -328,22 +351,35 @@ class Channel:
         if due_on_disk:
             locs, attempts = zip(*due_on_disk)
             self._ready.extend_on_disk(locs, attempts)
-        if timed_out or due or due_on_disk:
+        stalled = self._ready.stalled and self._retry is None  # no loop's timer for it
+        if stalled:
+            self._ready.stalled = False
+        if timed_out or due or due_on_disk or stalled:
             self._pump()
-        return bool(self._in_flight) or bool(self._deferred)
+        return bool(self._in_flight) or bool(self._deferred) or self._ready.stalled
 
     # -- admin ------------------------------------------------------------
     def pause(self) -> None:
-        self.paused = True
-        self._store.channel_changed(self)
+        self._set_paused(True)
 
     def unpause(self) -> None:
-        self.paused = False
-        self._store.channel_changed(self)
+        self._set_paused(False)
         self._pump()
+
+    def _set_paused(self, paused: bool) -> None:
+        was, self.paused = self.paused, paused
+        try:
+            self._store.channel_changed(self)  # written first, or nothing changes
+        except BaseException:
+            self.paused = was
+            raise
 
     def empty(self) -> None:
         """Drop every queued, deferred and in-flight message (as nsqd does)."""
+        self._store.emptying(self.topic, self)  # written first, or nothing changes
+        self._drop_all()
+
+    def _drop_all(self) -> None:
         in_flight = self._in_flight.clear()
         deferred, deferred_on_disk = self._deferred.clear()
         msgs = [*self._ready.messages(), *deferred, *in_flight]
@@ -359,9 +395,12 @@ class Channel:
     def close(self) -> list[Consumer]:
         """Forget everything; return the consumers that were attached."""
         self.deleted = True
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         consumers = list(self._consumers)
         self._consumers.clear()
-        self.empty()
+        self._drop_all()
         return consumers
 
     # -- delivery ---------------------------------------------------------

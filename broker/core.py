@@ -450,9 +450,9 @@ class Broker:
 
     def delete_topic(self, name: str) -> None:
         t = self.topic(name)
+        self.storage.topic_deleted(t)  # its files go first, or nothing changes
         del self.topics[name]
         t.close()
-        self.storage.topic_deleted(t)
         self._notify("topic_deleted", name, None)
 
     def delete_channel(self, topic: str, channel: str) -> None:

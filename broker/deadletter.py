@@ -87,18 +87,27 @@ def configure_channel(channel: "Channel", max_attempts: int | None = None,
     if max_attempts is None and not dead_letter_topic:
         return
     check_channel_settings(channel.topic.name, max_attempts, dead_letter_topic)
+    was = channel.max_attempts, channel.dead_letter_topic
     if max_attempts is not None:
         channel.max_attempts = max_attempts
     if dead_letter_topic:
         channel.dead_letter_topic = dead_letter_topic
-    channel.topic.broker.storage.config_changed(channel.topic, channel)
+    try:
+        channel.topic.broker.storage.config_changed(channel.topic, channel)
+    except BaseException:  # not written: nothing changes
+        channel.max_attempts, channel.dead_letter_topic = was
+        raise
 
 
 def configure_topic(topic: "Topic", ttl_ms: int | None = None) -> None:
     if ttl_ms is None:
         return
-    topic.ttl_ms = check_ttl_ms(ttl_ms)
-    topic.broker.storage.config_changed(topic, None)
+    was, topic.ttl_ms = topic.ttl_ms, check_ttl_ms(ttl_ms)
+    try:
+        topic.broker.storage.config_changed(topic, None)
+    except BaseException:  # not written: nothing changes
+        topic.ttl_ms = was
+        raise
 
 
 def settings_of(topic: "Topic", channel: "Channel | None") -> dict[str, Any]:

@@ -158,6 +158,13 @@ class StorageFailed(BrokerError):
     code = "E_PUB_FAILED"
 
 
+class AdminFailed(StorageFailed):
+    """The data path could not take the record of an admin call (create, delete,
+    pause, empty, settings): nothing was changed, and the client may retry."""
+
+    code = "E_STORAGE_FAILED"
+
+
 class QueueFull(StorageFailed):
     """Without ``--data-path``: the queued messages would pass ``--max-memory-bytes``."""
 

@@ -60,6 +60,9 @@ class BrokerCollector:
         t_messages = counter("topic_messages", "Messages published to the topic.", _TOPIC)
         t_bytes = counter("topic_message_bytes", "Bytes of message bodies published to the "
                           "topic.", _TOPIC)
+        t_read_errors = counter("topic_disk_read_errors", "Reads of the topic's messages "
+                                "waiting on disk that failed (EMFILE, EIO, ...); each is "
+                                "retried, nothing is lost.", _TOPIC)
         c_depth = gauge("channel_depth", "Messages ready in the channel (not in flight, "
                         "not deferred).", _CHANNEL)
         c_in_flight = gauge("channel_in_flight", "Messages sent and not yet FINished, "
@@ -89,6 +92,7 @@ class BrokerCollector:
             t_paused.add_metric([t.name], int(t.paused))
             t_messages.add_metric([t.name], t.message_count)
             t_bytes.add_metric([t.name], t.message_bytes)
+            t_read_errors.add_metric([t.name], t.disk_read_errors)
             core_channels = self.broker.topics[t.name].channels
             for c in t.channels:
                 labels = [t.name, c.name]
@@ -106,9 +110,9 @@ class BrokerCollector:
                 latency = core_channels[c.name].latency  # the histogram is not in the stats
                 c_latency.add_metric(labels, *_histogram(latency.bucket_counts,
                                                          latency.sum_ms))
-        yield from (topics, t_depth, t_paused, t_messages, t_bytes, c_depth, c_in_flight,
-                    c_deferred, c_clients, c_paused, c_messages, c_finished, c_requeued,
-                    c_timed_out, c_dead, c_expired, c_latency)
+        yield from (topics, t_depth, t_paused, t_messages, t_bytes, t_read_errors, c_depth,
+                    c_in_flight, c_deferred, c_clients, c_paused, c_messages, c_finished,
+                    c_requeued, c_timed_out, c_dead, c_expired, c_latency)
 
 
 def _histogram(counts: list[int], sum_ms: float) -> tuple[list[tuple[str, float]], float]:

@@ -140,6 +140,17 @@ class Options:
             raise ValueError("msg-timeout must not exceed max-msg-timeout")
         from .security.tls import check_options
         check_options(self)
+        if self.data_path:
+            # What the log format holds, checked at start: the broker never accepts a
+            # message or a file that a restart could not read back.
+            from .storage.records import MAX_BODY
+            from .storage.segments import MAX_FILE
+            if self.max_msg_size > MAX_BODY:
+                raise ValueError(f"max-msg-size {self.max_msg_size} is more than a durable "
+                                 f"message can be ({MAX_BODY} bytes) with data-path")
+            if self.max_bytes_per_file > MAX_FILE:
+                raise ValueError(f"max-bytes-per-file {self.max_bytes_per_file} is more "
+                                 f"than a log file can be ({MAX_FILE} bytes)")
 
     def node_id_for(self, grpc_address: str) -> int:
         """``--node-id``, or when it is -1, the default of a broker serving gRPC on

@@ -157,3 +157,4 @@ class TopicStats:
     memory_count: int = 0           # held messages whose body is in memory
     disk_bytes: int = 0             # bytes of the topic's files
     rewritten_bytes: int = 0        # pending messages' bytes copied to the log's end
+    disk_read_errors: int = 0       # failed reads of its messages on disk (retried)

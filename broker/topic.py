@@ -146,33 +146,43 @@ class Topic:
         if channel is None:
             check_channel_name(name)
             channel = Channel(self, name)
+            self._store.channel_created(channel)  # written first, or nothing changes
             self.channels[name] = channel
-            self._store.channel_created(channel)
             self.broker.on_channel_created(channel)
             self._flush_held()
         return channel
 
     def delete_channel(self, name: str) -> None:
         channel = self.channel(name)
+        self._store.channel_deleted(channel)  # written first, or nothing changes
         del self.channels[name]
         for consumer in channel.close():
             self.broker.on_consumer_evicted(consumer)
-        self._store.channel_deleted(channel)
         self.broker.on_channel_deleted(channel)
         if self.ephemeral and not self.channels:
             self.broker.delete_topic(self.name)
 
     def pause(self) -> None:
-        self.paused = True
-        self._store.topic_changed(self)
+        self._set_paused(True)
 
     def unpause(self) -> None:
-        self.paused = False
-        self._store.topic_changed(self)
+        self._set_paused(False)
         self._flush_held()
+
+    def _set_paused(self, paused: bool) -> None:
+        was, self.paused = self.paused, paused
+        try:
+            self._store.topic_changed(self)  # written first, or nothing changes
+        except BaseException:
+            self.paused = was
+            raise
 
     def empty(self) -> None:
         """Drop what the topic holds for later channels (channels keep theirs)."""
+        self._store.emptying(self, None)  # written first, or nothing changes
+        self._drop_held()
+
+    def _drop_held(self) -> None:
         later, later_on_disk = self._held_later.clear()
         msgs = [*self._held.messages(), *later]
         on_disk = [*self._held.on_disk(), *later_on_disk]
@@ -184,7 +194,7 @@ class Topic:
             channel = self.channels.pop(name)
             for consumer in channel.close():
                 self.broker.on_consumer_evicted(consumer)
-        self.empty()
+        self._drop_held()
 
     def stats(self, channel: str | None = None) -> TopicStats:
         channels = [c for n, c in sorted(self.channels.items()) if channel is None or n == channel]
@@ -199,7 +209,8 @@ class Topic:
                                          + len(self._held_later) - self._held_later.in_memory),
                           memory_count=self._held.bodies_in_memory + self._held_later.in_memory,
                           disk_bytes=self._store.disk_bytes(self),
-                          rewritten_bytes=self._store.rewritten_bytes(self))
+                          rewritten_bytes=self._store.rewritten_bytes(self),
+                          disk_read_errors=self._store.read_errors(self))
 
 
 def _runs(held: list) -> "list[list[Message] | OnDisk]":

@@ -6,6 +6,7 @@
     files.fail("fsync", errno.EIO, times=1)          # the next fsync fails
     files.short_writes = True                        # writes stop half-way, then ENOSPC
     files.heal()
+    with files.suspended(): ...                      # the test's own calls go through
     files.power_loss(data_path)                      # keep only what was fsynced
 
 It fails calls before they reach the disk, or writes short, and remembers how
@@ -14,10 +15,12 @@ much of each file was fsynced, so a test can cut every file back to that.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
 from pathlib import Path
+from typing import Iterator
 
 from broker.storage.fileops import Files
 
@@ -45,6 +48,18 @@ class FaultyFiles(Files):
         with self._lock:
             self._failing.clear()
             self.short_writes = False
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """No call fails inside (what a test's own reads need); the faults set before
+        are back after, as they were."""
+        with self._lock:
+            failing, self._failing = self._failing, {}
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._failing = failing
 
     def _check(self, call: str) -> None:
         with self._lock:

@@ -6,7 +6,9 @@ acknowledgements until a sync succeeds; a failed start changes nothing."""
 from __future__ import annotations
 
 import errno
+import json
 import logging
+import os
 import socket
 import struct
 import urllib.error
@@ -180,3 +182,107 @@ def test_a_start_that_fails_leaves_the_data_path_as_it_found_it(files, tmp_path)
     assert set(got["beta"]) == {held["beta"], *beta}
     assert list(got["alpha"].values()) == [b"alpha-held"]
     assert list(got["gamma"].values()) == [b"gamma-held"]
+
+
+def topic_stats(broker: EmbeddedBroker, topic: str) -> dict | None:
+    """The topic's entry in /stats (JSON), or None when it does not exist."""
+    with urllib.request.urlopen(f"http://{broker.http_address}/stats?format=json",
+                                timeout=10) as response:
+        topics = json.load(response)["topics"]
+    return next((t for t in topics if t["topic_name"] == topic), None)
+
+
+@pytest.mark.parametrize("call,err", [("pread", errno.EMFILE), ("pread", errno.EIO),
+                                      ("open", errno.ENFILE)])
+def test_a_read_error_of_spilled_messages_loses_none_and_a_later_read_delivers_all(
+        files, tmp_path, caplog, call, err):
+    caplog.set_level(logging.WARNING, logger="pynsqd")
+    data = str(tmp_path / "data")
+    with EmbeddedBroker(data_path=data, mem_queue_size=10) as broker:
+        with Client(broker.address) as client:
+            client.admin("channel", "create", "events", "work")
+            ids = client.multi_publish("events", [f"m{i}".encode() * 20 for i in range(3000)])
+            files.fail(call, err, times=5)  # reading back what waits on disk fails, 5 times
+            got = consume_all(broker.address, "events", "work")
+        assert files.failures == 5
+        assert sorted(got) == sorted(ids)   # every message, each once
+        assert topic_stats(broker, "events")["disk_read_errors"] >= 1
+    assert not [r for r in caplog.records if "lost" in r.getMessage()]
+    assert any("reading messages waiting on disk failed" in r.getMessage()
+               and os.strerror(err) in r.getMessage() for r in caplog.records)
+    # Nothing was released either: after a restart every file is still accounted for.
+    with EmbeddedBroker(data_path=data) as restarted:
+        assert consume_all(restarted.address, "events", "work") == {}
+
+
+def http_admin(broker: EmbeddedBroker, kind: str, action: str, topic: str,
+               channel: str = "") -> tuple[int, str]:
+    query = f"topic={topic}" + (f"&channel={channel}" if channel else "")
+    request = urllib.request.Request(f"http://{broker.http_address}/{kind}/{action}?{query}",
+                                     data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def admin_state(broker: EmbeddedBroker) -> dict:
+    """Each topic's paused state and depth, and each channel's, as /stats says."""
+    with urllib.request.urlopen(f"http://{broker.http_address}/stats?format=json",
+                                timeout=10) as response:
+        topics = json.load(response)["topics"]
+    return {t["topic_name"]: (t["paused"], t["depth"], {
+        c["channel_name"]: (c["paused"], c["depth"]) for c in t["channels"]}) for t in topics}
+
+
+@pytest.mark.parametrize("kind,action,topic,channel,call", [
+    ("channel", "pause", "events", "work", "write"),
+    ("channel", "unpause", "events", "idle", "write"),
+    ("channel", "empty", "events", "work", "write"),
+    ("channel", "delete", "events", "work", "write"),
+    ("channel", "create", "events", "fresh", "write"),
+    ("topic", "pause", "events", "", "write"),
+    ("topic", "unpause", "waiting", "", "write"),
+    ("topic", "empty", "waiting", "", "write"),
+    ("topic", "delete", "events", "", "rename"),
+    ("topic", "create", "fresh", "", "write"),
+])
+def test_an_admin_call_whose_record_cannot_be_written_fails_and_changes_nothing(
+        files, tmp_path, kind, action, topic, channel, call):
+    data = str(tmp_path / "data")
+    with EmbeddedBroker(data_path=data, mem_queue_size=10) as broker:
+        with Client(broker.address) as client:
+            client.admin("channel", "create", "events", "work")
+            client.admin("channel", "create", "events", "idle")
+            client.admin("channel", "pause", "events", "idle")
+            client.multi_publish("events", [f"m{i}".encode() for i in range(200)])
+            client.multi_publish("waiting", [f"w{i}".encode() for i in range(50)])  # held
+            client.admin("topic", "pause", "waiting")
+        before = admin_state(broker)
+        files.fail(call, errno.ENOSPC)
+        status, answer = http_admin(broker, kind, action, topic, channel)
+        assert (status, json.loads(answer)) == (500, {"message": "STORAGE_FAILED"})
+        assert admin_state(broker) == before
+        files.heal()
+        broker.call(crash, broker.broker)
+    with EmbeddedBroker(data_path=data) as restarted:
+        assert admin_state(restarted) == before
+
+
+def test_a_start_that_cannot_write_names_the_path_and_changes_nothing(files, tmp_path):
+    data = tmp_path / "data"
+    with EmbeddedBroker(data_path=str(data)) as broker:
+        with Client(broker.address) as client:
+            ids = client.multi_publish("events", [b"a", b"b", b"c"])
+        broker.call(crash, broker.broker)  # killed
+    before = snapshot(data)
+    files.fail("write", errno.ENOSPC)  # and the disk is full
+    with pytest.raises(OSError) as refused:
+        EmbeddedBroker(data_path=str(data)).start()
+    message = str(refused.value)
+    assert str(data / "topics" / "t-events") in message and "No space left" in message
+    assert snapshot(data) == before
+    files.heal()
+    with EmbeddedBroker(data_path=str(data)) as restarted:
+        assert sorted(consume_all(restarted.address, "events", "work")) == sorted(ids)

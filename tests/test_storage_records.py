@@ -22,9 +22,15 @@ def scanned(*encoded: bytes) -> list[records.Record]:
     return list(records.scan(b"".join(encoded), "test"))
 
 
+def once(scanned: list[records.Record]) -> list[records.Record]:
+    """Without the second copy of each record written twice."""
+    return [r for i, r in enumerate(scanned) if not i or (r.kind, bytes(r.payload)) != (
+        scanned[i - 1].kind, bytes(scanned[i - 1].payload))]
+
+
 def test_every_record_kind_reads_back_what_was_written():
     [pub, pub_expiring, fin, attempts, defer, empty, channel, topic, state, flush, dedupe,
-     config] = scanned(
+     config] = once(scanned(
         records.pub(7, 1_000, 2_000, False, b"body"),
         records.pub(8, 1_001, 0, True, b"held", expires=9_000),
         *records.fins("work", [7, 8, 2**64 - 1]),
@@ -36,7 +42,7 @@ def test_every_record_kind_reads_back_what_was_written():
         records.state(True, {"a": False, "b#x": True}),
         records.flush(),
         records.dedupe(b"\x00entry"),
-        records.config("", b'{"ttl_ms": 5}'))
+        records.config("", b'{"ttl_ms": 5}')))
     assert [r.kind for r in (pub, pub_expiring, fin, attempts, defer, empty, channel, topic,
                              state, flush, dedupe, config)] == [
         records.PUB, records.PUB, records.FIN, records.ATTEMPTS, records.DEFER, records.EMPTY,
@@ -183,12 +189,20 @@ def test_replay_says_what_is_pending_where_as_a_plain_model_does(steps):
         at, offset = offset, offset + len(record)
         return at
 
+    def flush() -> None:
+        for msg_id, copy in held.items():
+            for pending in channels.values():
+                pending[msg_id] = list(copy)
+        held.clear()
+
     for step in steps:
         kind = step[0]
         if kind == "create":
             write(records.channel_op(records.CREATE, step[1]))
             channels.setdefault(step[1], {})
             paused.setdefault(step[1], False)
+            if not topic_paused:  # the broker hands what the topic held to its channels
+                flush()
         elif kind == "delete":
             write(records.channel_op(records.DELETE, step[1]))
             channels.pop(step[1], None)
@@ -218,10 +232,7 @@ def test_replay_says_what_is_pending_where_as_a_plain_model_does(steps):
                 channels[step[1]][msg_id][1:] = [step[4], step[3]]
         elif kind == "flush":
             write(records.flush())
-            for msg_id, copy in held.items():
-                for pending in channels.values():
-                    pending[msg_id] = list(copy)
-            held.clear()
+            flush()
         elif kind == "empty":
             write(records.empty(step[1]))
             (held if not step[1] else channels.get(step[1], {})).clear()
@@ -232,6 +243,8 @@ def test_replay_says_what_is_pending_where_as_a_plain_model_does(steps):
         elif kind == "topic":
             write(records.topic_op(records.PAUSE if step[1] else records.UNPAUSE))
             topic_paused = step[1]
+            if not topic_paused and channels:
+                flush()
 
     replay = Replay("t")
     for record in records.scan(b"".join(log), "t"):

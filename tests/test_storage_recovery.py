@@ -600,3 +600,92 @@ def test_a_first_file_that_never_held_a_message_does_not_stop_old_files_being_co
         clock.advance(1)
         broker.storage.tick()
     assert broker.topic("events").stats().rewritten_bytes > 0
+
+
+@pytest.mark.parametrize("failing", [1, 3])
+def test_a_file_is_not_deleted_while_the_fsync_of_what_replaced_it_fails(tmp_path, monkeypatch,
+                                                                        failing):
+    files = FaultyFiles()
+    monkeypatch.setattr(fileops, "current", files)
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=2048, mem_queue_size=5)
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    old = broker.publish("events", b"old")
+    ch.set_rdy(consumer, 1)
+    ch.requeue(consumer, old, delay=3000)   # deferred: holds the first file
+    for i in range(300):
+        broker.publish("events", f"new-{i}".encode() * 5)
+        ch.set_rdy(consumer, 1000)
+        consumer.fin_all()
+    broker.storage.wait_synced()
+    first = files_of_topic(tmp_path)[0]
+    files.fail("fsync", times=failing)       # the syncs after the MOVE fail
+    broker.storage.tick()
+    clock.advance(1)
+    broker.storage.tick()                   # the deferred message is copied out (MOVE)
+    for _ in range(failing):
+        broker.storage.wait_synced()
+        assert first.exists()               # kept: the MOVE may not be on disk
+    assert broker.storage.failed
+    broker.storage.abandon()
+    files.power_loss(tmp_path)              # then the power goes
+    broker = start(tmp_path, clock, max_bytes_per_file=2048)
+    deferred = broker.channel("events", "work")._deferred.live()
+    assert [(m.id, m.body) for m in deferred] == [(old, b"old")]
+
+
+def test_a_file_whose_move_was_synced_is_deleted_at_the_next_good_sync(tmp_path, monkeypatch):
+    files = FaultyFiles()
+    monkeypatch.setattr(fileops, "current", files)
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=2048, mem_queue_size=5)
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    old = broker.publish("events", b"old")
+    ch.set_rdy(consumer, 1)
+    ch.requeue(consumer, old, delay=3000)
+    for i in range(300):
+        broker.publish("events", f"new-{i}".encode() * 5)
+        ch.set_rdy(consumer, 1000)
+        consumer.fin_all()
+    broker.storage.wait_synced()
+    first = files_of_topic(tmp_path)[0]
+    files.fail("fsync", times=1)
+    broker.storage.tick()
+    clock.advance(1)
+    broker.storage.tick()
+    broker.storage.wait_synced()             # fails: kept
+    assert first.exists()
+    broker.storage.wait_synced()             # succeeds: gone
+    assert not first.exists() and not broker.storage.failed
+    clean(broker)
+
+
+def files_of_topic(path, topic: str = "events") -> list:
+    return sorted((path / "topics" / f"t-{topic}").glob("*.log"))
+
+
+def test_channel_settings_that_cannot_be_written_fail_and_change_nothing(tmp_path, monkeypatch):
+    import errno
+    from broker.errors import AdminFailed
+    files = FaultyFiles()
+    monkeypatch.setattr(fileops, "current", files)
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    broker.create_channel("events", "work", max_attempts=3, dead_letter_topic="dead")
+    broker.create_topic("events", ttl_ms=5000)
+    files.fail("write", errno.ENOSPC)
+    with pytest.raises(AdminFailed, match="nothing was changed"):
+        broker.create_channel("events", "work", max_attempts=9, dead_letter_topic="other")
+    with pytest.raises(AdminFailed, match="nothing was changed"):
+        broker.create_topic("events", ttl_ms=1)
+    ch = broker.channel("events", "work")
+    assert (ch.max_attempts, ch.dead_letter_topic, broker.topic("events").ttl_ms) == (
+        3, "dead", 5000)
+    files.heal()
+    crash(broker)
+    broker = start(tmp_path, clock)
+    ch = broker.channel("events", "work")
+    assert (ch.max_attempts, ch.dead_letter_topic, broker.topic("events").ttl_ms) == (
+        3, "dead", 5000)

@@ -23,9 +23,9 @@ from aiohttp import web
 
 from .. import __version__
 from ..core import Broker
-from ..errors import (BodyTooBig, BrokerError, ChannelNotFound, InvalidBody, InvalidChannel,
-                      InvalidMessage, InvalidRequest, InvalidTopic, MessageTooBig, NotFound,
-                      StorageFailed, TopicNotFound, Unavailable)
+from ..errors import (AdminFailed, BodyTooBig, BrokerError, ChannelNotFound, InvalidBody,
+                      InvalidChannel, InvalidMessage, InvalidRequest, InvalidTopic,
+                      MessageTooBig, NotFound, StorageFailed, TopicNotFound, Unavailable)
 from ..names import is_valid_name
 from ..options import parse_duration_ms
 from ..security.auth import AuthError, AuthFirst, Unauthorized
@@ -56,6 +56,7 @@ _HTTP_ERRORS: tuple[tuple[type[BrokerError], int, str], ...] = (
     (ChannelNotFound, 404, "CHANNEL_NOT_FOUND"),
     (NotFound, 404, "NOT_FOUND"),
     (Unavailable, 503, "EXITING"),
+    (AdminFailed, 500, "STORAGE_FAILED"),
     (StorageFailed, 500, "PUB_FAILED"),
     (AuthFirst, 401, "E_AUTH_FIRST"),
     (Unauthorized, 403, "E_UNAUTHORIZED"),
@@ -376,7 +377,7 @@ def _topic_json(t) -> dict:
     return {
         "topic_name": t.name, "depth": t.depth, "backend_depth": t.on_disk_count,
         "disk_bytes": t.disk_bytes, "rewritten_bytes": t.rewritten_bytes,
-        "memory_count": t.memory_count,
+        "disk_read_errors": t.disk_read_errors, "memory_count": t.memory_count,
         "message_count": t.message_count, "message_bytes": t.message_bytes, "paused": t.paused,
         "e2e_processing_latency": _latency(t.e2e_processing_latency, t.message_count),
         "channels": [{

@@ -5,6 +5,11 @@ the CRC covers type and payload. A scan that meets a bad magic, a bad CRC or a
 record cut short logs it, and resynchronises on the next magic that starts a
 valid record, so everything valid before and after the damage is kept.
 
+Records that decide which channels own messages (``STATE``, ``CHANNEL``, ``TOPIC``,
+``FLUSH``, ``EMPTY``, ``CONFIG``) are written twice in a row: one damaged byte costs
+one copy, not the channels' messages. Messages carry their own checksums: a damaged
+one costs that message.
+
 Record types, and what recovery does with each (in log order):
 
 - ``STATE``: first record of every segment: the topic's paused state and its
@@ -35,7 +40,7 @@ import sys
 import zlib
 from array import array
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 log = logging.getLogger("pynsqd")
 
@@ -62,6 +67,14 @@ MAX_IDS_PER_RECORD = 1 << 16
 def encode(kind: int, payload: bytes) -> bytes:
     crc = zlib.crc32(payload, zlib.crc32(bytes((kind,))))
     return HEADER.pack(MAGIC, kind, len(payload), crc) + payload
+
+
+def twice(kind: int, payload: bytes) -> bytes:
+    """A record that decides which channels own messages, written twice in a row: one
+    damaged byte costs one copy, and replaying the other does the same (each such
+    record is idempotent)."""
+    record = encode(kind, payload)
+    return record + record
 
 
 def _name(channel: str) -> bytes:
@@ -148,26 +161,26 @@ def defer(channel: str, msg_id: int, deliver_at: int, attempts: int) -> bytes:
 
 
 def empty(channel: str) -> bytes:
-    return encode(EMPTY, _name(channel))
+    return twice(EMPTY, _name(channel))
 
 
 def channel_op(op: int, channel: str) -> bytes:
-    return encode(CHANNEL, bytes((op,)) + _name(channel))
+    return twice(CHANNEL, bytes((op,)) + _name(channel))
 
 
 def topic_op(op: int) -> bytes:
-    return encode(TOPIC, bytes((op,)))
+    return twice(TOPIC, bytes((op,)))
 
 
 def state(paused: bool, channels: dict[str, bool]) -> bytes:
     parts = [bytes((int(paused),))]
     for name, channel_paused in channels.items():
         parts.append(bytes((int(channel_paused),)) + _name(name))
-    return encode(STATE, b"".join(parts))
+    return twice(STATE, b"".join(parts))
 
 
 def flush() -> bytes:
-    return encode(FLUSH, b"")
+    return twice(FLUSH, b"")
 
 
 def dedupe(payload: bytes) -> bytes:
@@ -177,6 +190,12 @@ def dedupe(payload: bytes) -> bytes:
 MOVE_HEAD = struct.Struct(">QqH")         # id, publish ns, number of copies
 MOVE_EXPIRES = 0x8000                     # in the count: an expiry follows the head
 COPY_AT = struct.Struct(">Iq")            # attempts, deliver-at wall ns (0: at once)
+
+
+# The most durable channels a topic may have: a MOVE counts a message's copies in 15 bits.
+MAX_CHANNELS = MOVE_EXPIRES - 1
+# The largest body a record holds: a MOVE of it to every channel fits in MAX_PAYLOAD.
+MAX_BODY = MAX_PAYLOAD - MOVE_HEAD.size - PUB_EXPIRES.size - MAX_CHANNELS * (1 + 64 + COPY_AT.size)
 
 
 def move(msg_id: int, timestamp: int, copies: list[tuple[str, int, int]], body: bytes,
@@ -191,7 +210,7 @@ def move(msg_id: int, timestamp: int, copies: list[tuple[str, int, int]], body: 
 
 
 def config(channel: str, settings: bytes) -> bytes:
-    return encode(CONFIG, _name(channel) + settings)
+    return twice(CONFIG, _name(channel) + settings)
 
 
 def _chunks(items: list) -> Iterator[list]:
@@ -335,18 +354,21 @@ class Record:
         return paused, channels
 
 
-def scan(data: bytes, where: str, base: int = 0, rest: list[int] | None = None
-         ) -> Iterator[Record]:
+def scan(data: bytes, where: str, base: int = 0, rest: list[int] | None = None,
+         damaged: Callable[[int, bytes], None] | None = None) -> Iterator[Record]:
     """The valid records of ``data`` (read at offset ``base`` of a file), logging
-    what is skipped and where. With ``rest``, ``data`` is one block of a longer
-    file: a record it cuts short at its end is not damage; the offset in ``data``
-    where the unread part starts is appended to ``rest``."""
+    what is skipped and where (and handing each damaged span, with its offset, to
+    ``damaged``). With ``rest``, ``data`` is one block of a longer file: a record it
+    cuts short at its end is not damage; the offset in ``data`` where the unread part
+    starts is appended to ``rest``."""
     view = memoryview(data)
     pos, size, damaged_at = 0, len(data), None
 
     def skipped(upto: int) -> None:
         log.warning("%s: skipped %d damaged byte(s) at offset %d", where, upto - damaged_at,
                     base + damaged_at)
+        if damaged is not None:
+            damaged(base + damaged_at, bytes(data[damaged_at:upto]))
 
     while pos < size:
         if pos + HEADER_SIZE > size:
@@ -375,3 +397,21 @@ def scan(data: bytes, where: str, base: int = 0, rest: list[int] | None = None
         skipped_from = damaged_at if damaged_at is not None else pos
         log.warning("%s: %d byte(s) at offset %d are a damaged or torn record; skipped",
                     where, size - skipped_from, base + skipped_from)
+        if damaged is not None:
+            damaged(base + skipped_from, bytes(data[skipped_from:]))
+
+
+def damaged_kind(span: bytes) -> tuple[int, str] | None:
+    """(type, channel or "") of the one record a damaged span holds, when its header
+    survived (a damaged payload, the usual case), else None. The channel is read from
+    the payload of the records that start with one, and may be garbled."""
+    if len(span) < HEADER_SIZE:
+        return None
+    magic, kind, length, _ = HEADER.unpack_from(span)
+    if magic != MAGIC or HEADER_SIZE + length != len(span):
+        return None
+    channel = ""
+    if kind in (FIN, ATTEMPTS, DEFER, EMPTY, CONFIG) and length:
+        n = span[HEADER_SIZE]
+        channel = span[HEADER_SIZE + 1:HEADER_SIZE + 1 + n].decode("ascii", "replace")
+    return kind, channel

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left
+from collections import Counter
 from typing import Iterator
 
 from . import records
@@ -41,12 +42,15 @@ class Replay:
         self._out_of_order: dict[int, int] = {}  # id -> slot, for the others
         self._locs = array("q")
         self._due = array("q")
-        self._masks = array("Q")
+        # Past 63 channels a list of Python ints (see ``_new_bit``).
+        self._masks: array | list[int] = array("Q")
         self._stamps = array("I")                # the epoch each slot's mask was set in
         self._held: list[int] = []               # slots that may have the HELD bit
         self._attempts: dict[tuple[int, int], int] = {}
         self._deferred: dict[tuple[int, int], int] = {}
-        self._free_bits = [1 << i for i in range(63, 0, -1)]
+        self.damage: Counter[str] = Counter()    # what damaged records cost, counted
+        self._free_bits: list[int] = []          # bits of deleted channels, to reuse
+        self._next_bit = 1
         self._epoch = 0                          # one more at each channel made, deleted, emptied
         self._born: dict[int, int] = {HELD: 0}   # a live channel's bit -> the epoch it began at
         self._valid: dict[int, int] = {}         # slot epoch -> the bits that count in it
@@ -78,12 +82,21 @@ class Replay:
 
     def _create(self, name: str, paused: bool = False) -> None:
         if name not in self.channels:
-            if not self._free_bits:
-                raise ValueError(f"topic {self.name}: more than 63 durable channels")
-            bit = self.channels[name] = self._free_bits.pop()
+            bit = self.channels[name] = self._new_bit()
             self._live_mask |= bit
             self._begin(bit)
         self.paused.setdefault(name, paused)
+
+    def _new_bit(self) -> int:
+        """A channel's bit: no limit on their number (past 63 channels the masks
+        become Python ints, which grow as needed: a list, not an array)."""
+        if self._free_bits:
+            return self._free_bits.pop()
+        bit = 1 << self._next_bit
+        self._next_bit += 1
+        if bit >> 64 and type(self._masks) is array:
+            self._masks = list(self._masks)
+        return bit
 
     def _delete(self, name: str) -> None:
         bit = self.channels.pop(name, None)
@@ -96,7 +109,7 @@ class Replay:
             self._free_bits.append(bit)
 
     def _clear_held(self) -> None:
-        masks, keep = self._masks, ~HELD & 0xFFFFFFFFFFFFFFFF
+        masks, keep = self._masks, ~HELD
         for slot in self._held:
             masks[slot] &= keep
             self._attempts.pop((slot, HELD), None)
@@ -143,7 +156,7 @@ class Replay:
             channel, ids = record.fins()
             bit = self.channels.get(channel)
             if bit is not None:
-                keep, find, masks = ~bit & 0xFFFFFFFFFFFFFFFF, self._find, self._masks
+                keep, find, masks = ~bit, self._find, self._masks
                 for msg_id in ids:
                     slot = find(msg_id)
                     if slot is not None:
@@ -164,21 +177,7 @@ class Replay:
                 self._attempts[(slot, bit)] = attempts
                 self._deferred[(slot, bit)] = deliver_at
         elif kind == records.FLUSH:
-            live, masks, stamps, epoch = self._live(), self._masks, self._stamps, self._epoch
-            bits = list(self.channels.values())
-            for slot in self._held:
-                if masks[slot] & HELD:
-                    kept = masks[slot] & self._valid_bits(stamps[slot]) & ~HELD
-                    masks[slot], stamps[slot] = kept | live, epoch
-                    # A held copy's own time (from a MOVE) goes with it to each channel.
-                    for overrides in (self._attempts, self._deferred):
-                        value = overrides.pop((slot, HELD), None)
-                        for bit in bits:
-                            if value is not None:
-                                overrides[(slot, bit)] = value
-                            elif not kept & bit:
-                                overrides.pop((slot, bit), None)
-            self._held = []
+            self._flush()
         elif kind == records.EMPTY:
             channel = record.channel()
             if not channel:
@@ -189,6 +188,8 @@ class Replay:
             op, channel = record.channel_op()
             if op == records.CREATE:
                 self._create(channel)
+                if not self.topic_paused:
+                    self._flush()  # as the broker did (its FLUSH record says it again)
             elif op == records.DELETE:
                 self._delete(channel)
                 self.config.pop(channel, None)
@@ -196,6 +197,8 @@ class Replay:
                 self.paused[channel] = op == records.PAUSE
         elif kind == records.TOPIC:
             self.topic_paused = record.payload[0] == records.PAUSE
+            if not self.topic_paused and self.channels:
+                self._flush()  # as the broker did (its FLUSH record says it again)
         elif kind == records.STATE:
             self.topic_paused, named = record.state()
             for channel in [c for c in self.channels if c not in named]:
@@ -222,6 +225,50 @@ class Replay:
         elif kind == records.CONFIG:
             channel, data = record.config()
             self.config[channel] = data
+
+    def _flush(self) -> None:
+        """What the topic held goes to its durable channels."""
+        if not self._held:
+            return
+        live, masks, stamps, epoch = self._live(), self._masks, self._stamps, self._epoch
+        bits = list(self.channels.values())
+        for slot in self._held:
+            if masks[slot] & HELD:
+                kept = masks[slot] & self._valid_bits(stamps[slot]) & ~HELD
+                masks[slot], stamps[slot] = kept | live, epoch
+                # A held copy's own time (from a MOVE) goes with it to each channel; a
+                # channel's time from before it began (an old bit) goes.
+                for overrides in (self._attempts, self._deferred):
+                    value = overrides.pop((slot, HELD), None)
+                    for bit in bits:
+                        if value is not None:
+                            overrides[(slot, bit)] = value
+                        elif not kept & bit:
+                            overrides.pop((slot, bit), None)
+        self._held = []
+
+    def damaged(self, span: bytes) -> None:
+        """A damaged span of the log, met where the records read so far left off: count
+        what it cost, by what the record was (its header usually survives)."""
+        found = records.damaged_kind(span)
+        owners = ("the topic's hold" if self.topic_paused or not self.channels
+                  else "channel(s) " + ", ".join(sorted(self.channels)))
+        if found is None:
+            self.damage[f"unreadable span(s) (a message there is lost to {owners})"] += 1
+            return
+        kind, channel = found
+        if kind in (records.PUB, records.MOVE):
+            self.damage[f"message(s) lost to {owners}"] += 1
+        elif kind == records.FIN:
+            self.damage[f"FIN record(s) of {channel or 'the hold'} (those messages may be "
+                        f"delivered again)"] += 1
+        elif kind in (records.ATTEMPTS, records.DEFER):
+            self.damage[f"delivery count or deferral record(s) of {channel} (counts lower, "
+                        f"delays shorter)"] += 1
+        elif kind == records.DEDUPE:
+            self.damage["de-duplication entry(ies) (a repeated MPUB may be accepted)"] += 1
+        else:
+            self.damage["copy(ies) of a record written twice (nothing lost)"] += 1
 
     # -- results --------------------------------------------------------------
     def pending(self, channel: str | None) -> Iterator[tuple[int, int, int]]:

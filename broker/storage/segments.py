@@ -27,6 +27,9 @@ log = logging.getLogger("pynsqd")
 
 # A pending message on disk: (segment << OFFSET_BITS) | offset of its record.
 OFFSET_BITS = 40
+# The largest --max-bytes-per-file: a file may pass it by one append, and every offset
+# in it must fit in OFFSET_BITS.
+MAX_FILE = 1 << (OFFSET_BITS - 1)
 # A drained topic rolls its current file once it is this big, so the file can be deleted.
 ROLL_WHEN_DRAINED = 1 << 20
 # Bytes read at once when a message waiting on disk comes up.

@@ -16,9 +16,11 @@ deletion; deferred ones keep their deliver-at time and every message its
 reads everything before it writes anything, so a start that fails leaves the
 data path as it was.
 
-Writes: a PUB is written with ``write(2)`` before the reply, together with
-every record queued before it (one ordered buffer per topic, so nothing is
-reordered); other records are written at the end of the event-loop pass (a
+Writes: a PUB, and the record of an admin call (topic or channel created or
+deleted, pause, empty, settings), is written with ``write(2)`` before the reply,
+together with every record queued before it (one ordered buffer per topic, so
+nothing is reordered); an admin call whose record cannot be written fails and
+changes nothing. Other records are written at the end of the event-loop pass (a
 channel's FINs and delivery counts of a pass in one record each). fsync,
 closing rolled files and deletes run in one storage thread, every
 ``--sync-every`` messages or ``--sync-timeout``; the first sync after a start
@@ -26,7 +28,9 @@ also fsyncs every file found (what a killed broker wrote but never fsynced).
 Messages that wait on disk only are read back in a reader thread of their own,
 ahead of their channel's cursor (``Backlog``). A write that fails is cut
 back off the file and the publisher gets ``StorageFailed``; after a failed
-fsync every publish is refused until a sync succeeds.
+fsync every publish is refused until a sync succeeds, and no file is deleted
+until what replaced it is synced. A read that fails (EMFILE, EIO) is retried
+after a back-off (``ReadLater``); only a record that fails its check is lost.
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from .. import deadletter
-from ..errors import QueueFull, StorageFailed
+from ..backlog import ReadLater
+from ..errors import AdminFailed, InvalidChannel, QueueFull, StorageFailed
 from ..message import Message
 from ..options import Options
 from . import fileops, records
@@ -75,6 +80,10 @@ RELOCATE_AFTER = 1.0
 RELOCATE_GAIN = 4
 # Bytes of a log file read at once at start.
 SCAN_BLOCK = 4 << 20
+# After a read of messages waiting on disk fails (EMFILE, EIO, ...), its channel waits
+# this long before the next try, doubling up to READ_RETRY_MAX while reads fail.
+READ_RETRY_FIRST = 0.05
+READ_RETRY_MAX = 5.0
 
 _id, _timestamp, _body, _expires, _loc, _attempts = (
     attrgetter(name) for name in ("id", "timestamp", "body", "expires", "loc", "attempts"))
@@ -82,6 +91,18 @@ _id, _timestamp, _body, _expires, _loc, _attempts = (
 
 class DataPathLocked(RuntimeError):
     """Another broker holds the data path."""
+
+
+class DataPathUnwritable(OSError):
+    """A start could not write to the data path (full, read-only, no permission)."""
+
+
+class _SyncFailed(Exception):
+    """An fsync failed: what it covered is kept to be synced (and deleted) again."""
+
+    def __init__(self, first: OSError, retired: list[int], deleted: list[Path]) -> None:
+        super().__init__(str(first))
+        self.first, self.retired, self.deleted = first, retired, deleted
 
 
 class Store:
@@ -109,6 +130,10 @@ class Store:
     def delivered(self, channel: "Channel", msgs: Iterable[Message]) -> None: ...
     def finished(self, channel: "Channel", msgs: list[Message]) -> None: ...
     def deferred(self, channel: "Channel", msg: Message, delay: float) -> None: ...
+    def emptying(self, topic: "Topic", channel: "Channel | None") -> None:
+        """Before the channel (None: the topic's hold) is emptied by a call; raises
+        ``StorageFailed`` to refuse it (then nothing may change)."""
+
     def dropped(self, topic: "Topic", channel: "Channel | None", msgs: list[Message],
                 on_disk: list[int]) -> None:
         """Queued messages dropped: in memory, and waiting on disk only."""
@@ -117,6 +142,9 @@ class Store:
         """What the topic held went to each of its channels (``on_disk``: the log
         locations of what waits on disk only, an iterator read at most once)."""
 
+    # Admin changes: called before the change is made in memory (with the state it
+    # makes: a channel not yet in its topic, ``paused`` already set, ...); each raises
+    # ``StorageFailed`` when its record cannot be written, and the caller changes nothing.
     def topic_created(self, topic: "Topic") -> None: ...
     def topic_deleted(self, topic: "Topic") -> None: ...
     def topic_changed(self, topic: "Topic") -> None: ...
@@ -125,6 +153,10 @@ class Store:
     def channel_changed(self, channel: "Channel") -> None: ...
     def config_changed(self, topic: "Topic", channel: "Channel | None") -> None:
         """The topic's (``channel`` None) or a channel's settings changed."""
+
+    def read_errors(self, topic: "Topic") -> int:
+        """Reads of the topic's messages waiting on disk that failed and were retried."""
+        return 0
     def flush(self) -> None:
         """Write what is queued (FINs, deliveries, metadata changes) before the broker
         answers a call that reports or acknowledges it."""
@@ -263,6 +295,12 @@ class DiskStore(Store):
         self._restoring = False
         self._write_failed = False
         self.failed: str | None = None      # why publishes are refused (a failed fsync)
+        # What a failed sync covered: fsynced (and deleted) by the next one.
+        self._sync_retired: list[int] = []
+        self._sync_deleted: list[Path] = []
+        # Reads of messages waiting on disk that failed, by topic, and when to try again.
+        self._read_errors: Counter[str] = Counter()
+        self._read_backoff: dict[str, float] = {}   # topic -> seconds, while reads fail
 
     # -- the lock ---------------------------------------------------------
     def _lock(self) -> int:
@@ -352,18 +390,44 @@ class DiskStore(Store):
         self._unsynced += len(msgs)
 
     def load(self, topic: "Topic", loc: int) -> Message | None:
-        """A message that waited on disk only, read back (None: damaged on disk since)."""
-        topic_log = self.logs[topic.name]
+        """A message that waited on disk only, read back (None: its record fails its
+        check, the one case that loses it). A read that fails (EMFILE, EIO, ...) is no
+        verdict on the message: ``ReadLater`` is raised, it stays pending and is read
+        again after a back-off."""
+        name = topic.name
+        topic_log = self.logs[name]
         try:
             msg_id, ts, body, expires = topic_log.read_pub(loc)
-        except (records.DamagedRecord, OSError) as err:
+        except records.DamagedRecord as err:
             log.error("%s: the message is lost", err)
             topic_log.release(segment_of(loc))
             return None
+        except OSError as err:
+            raise ReadLater(name, self._read_failed(name, topic_log, err)) from None
+        if name in self._read_backoff:
+            self._read_works(name, topic_log)
         msg = Message(f"{msg_id:016x}", body, ts)
         msg.loc = loc
         msg.expires = expires
         return msg
+
+    def _read_failed(self, name: str, topic_log: TopicLog, err: OSError) -> float:
+        """A read failed: count it, and say how long to wait before the next (doubling
+        from READ_RETRY_FIRST up to READ_RETRY_MAX while reads keep failing)."""
+        self._read_errors[name] += 1
+        backoff = min(self._read_backoff.get(name, READ_RETRY_FIRST / 2) * 2, READ_RETRY_MAX)
+        self._read_backoff[name] = backoff
+        log.warning("%s: reading messages waiting on disk failed: %s; they stay pending, "
+                    "read again in %.2fs (%d failed reads so far)", topic_log.dir, err,
+                    backoff, self._read_errors[name])
+        return backoff
+
+    def _read_works(self, name: str, topic_log: TopicLog) -> None:
+        del self._read_backoff[name]
+        log.warning("%s: reading messages waiting on disk works again", topic_log.dir)
+
+    def read_errors(self, topic: "Topic") -> int:
+        return self._read_errors.get(topic.name, 0)
 
     def read_ahead(self, topic: "Topic", locs: Sequence[int],
                    done: Callable[[list[Message | None] | None], None],
@@ -377,8 +441,7 @@ class DiskStore(Store):
             msgs = topic_log.read_cached(locs)
         except OSError as err:
             if not isinstance(err, FileNotFoundError):  # else: deleted
-                log.warning("%s: reading messages waiting on disk failed: %s (read one by "
-                            "one from now on)", topic_log.dir, err)
+                self._read_failed(topic.name, topic_log, err)
             done(None)
             return True
         if msgs is not None:
@@ -393,9 +456,8 @@ class DiskStore(Store):
 
         def arrived(future: Future) -> None:
             err = future.exception()
-            if err is not None and not isinstance(err, FileNotFoundError):  # else: deleted
-                log.warning("%s: reading messages waiting on disk failed: %s (read one by "
-                            "one from now on)", topic_log.dir, err)
+            if isinstance(err, OSError) and not isinstance(err, FileNotFoundError):
+                self._read_failed(topic.name, topic_log, err)  # (FileNotFound: deleted)
             done(None if err is not None else future.result())
 
         def finished(future: Future) -> None:
@@ -443,8 +505,6 @@ class DiskStore(Store):
                 on_disk: list[int]) -> None:
         if topic.ephemeral:
             return
-        if channel is None or not channel.ephemeral:
-            self._queue(topic, records.empty(channel.name if channel else ""))
         topic_log = self.logs.get(topic.name)
         if topic_log is not None:
             for loc in [*(m.loc for m in msgs if m.loc), *on_disk]:
@@ -485,12 +545,33 @@ class DiskStore(Store):
             topic_log.start_appending()
         except OSError as err:
             self._logged.pop(topic.name, None)
-            raise StorageFailed(f"topic {topic.name} could not be created on the data path: "
-                                f"{err.strerror or err}") from None
+            if not topic_log.segment_numbers():  # leave no directory a start would restore
+                self.files.rmtree(str(topic_log.dir))
+            log.error("%s: topic %s could not be created: %s", topic_log.dir, topic.name, err)
+            raise AdminFailed(f"topic {topic.name} could not be created: the data path "
+                                f"could not take it ({err.strerror or err}); nothing was "
+                                f"changed") from None
         self.logs[topic.name] = topic_log
         self._new_dirs.append(str(topic_log.dir.parent))
 
     def topic_deleted(self, topic: "Topic") -> None:
+        topic_log = self.logs.get(topic.name)
+        if topic_log is not None:
+            # A rename is atomic: the topic is gone from the next start even if the
+            # deletion of its files (in the storage thread) never ends. One that fails
+            # refuses the deletion: the topic would be back at the next start.
+            trash = self.path / "topics" / f"trash-{time.time_ns()}"
+            try:
+                self.files.rename(str(topic_log.dir), str(trash))
+            except OSError as err:
+                log.error("%s: topic %s could not be deleted: %s", topic_log.dir,
+                          topic.name, err)
+                raise AdminFailed(f"topic {topic.name} could not be deleted: the data path "
+                                    f"could not take it ({err.strerror or err}); nothing was "
+                                    f"changed") from None
+            self._new_dirs.append(str(trash.parent))
+            fds = [topic_log._fd, *topic_log.retired, *topic_log._readers.values()]
+            self._executor.submit(_close_and_remove, self.files, fds, trash)
         self._queued.pop(topic.name, None)
         self._open.pop(topic.name, None)
         self._logged.pop(topic.name, None)
@@ -498,19 +579,27 @@ class DiskStore(Store):
         self._oldest.pop(topic.name, None)   # a topic made anew under the name starts over
         self._not_worth.pop(topic.name, None)
         self.rewritten.pop(topic.name, None)
-        topic_log = self.logs.pop(topic.name, None)
+        self._read_backoff.pop(topic.name, None)
+        self.logs.pop(topic.name, None)
+
+    def _write_change(self, topic: "Topic", what: str, change: _Change) -> None:
+        """Write an admin change's record now, after what is queued before it, so that
+        the call is answered only once it is written; raise ``StorageFailed`` (and write
+        nothing) when it cannot be."""
+        if topic.ephemeral or self._restoring:
+            return
+        topic_log = self.logs.get(topic.name)
         if topic_log is None:
             return
-        # A rename is atomic: the topic is gone from the next start even if the
-        # deletion of its files (in the storage thread) never ends.
-        trash = self.path / "topics" / f"trash-{time.time_ns()}"
+        queued, prefix = self._encode_queued(topic.name)
         try:
-            self.files.rename(str(topic_log.dir), str(trash))
+            topic_log.append(prefix + change.data)
         except OSError as err:
-            log.error("%s: could not remove the deleted topic's files: %s", topic_log.dir, err)
-            trash = None
-        fds = [topic_log._fd, *topic_log.retired, *topic_log._readers.values()]
-        self._executor.submit(_close_and_remove, self.files, fds, trash)
+            log.error("%s: %s failed: %s", topic_log.dir, what, err)
+            raise AdminFailed(f"{what} failed: the data path could not take its record "
+                                f"({err.strerror or err}); nothing was changed") from None
+        self._written(topic.name, queued)
+        change.apply(self._logged[topic.name])
 
     def topic_changed(self, topic: "Topic") -> None:
         paused = topic.paused
@@ -518,15 +607,20 @@ class DiskStore(Store):
         def apply(logged: _Logged) -> None:
             logged.paused = paused
 
-        self._queue(topic, _Change(records.topic_op(records.PAUSE if paused
+        self._write_change(topic, f"{'pause' if paused else 'unpause'} of topic {topic.name}",
+                           _Change(records.topic_op(records.PAUSE if paused
                                                     else records.UNPAUSE), apply))
 
     def channel_created(self, channel: "Channel") -> None:
         if self._durable(channel):
-            name = channel.name
-            self._queue(channel.topic, _Change(records.channel_op(records.CREATE, name),
-                                               lambda logged: logged.channels.setdefault(
-                                                   name, False)))
+            topic, name = channel.topic, channel.name
+            durable = sum(not c.ephemeral for c in topic.channels.values())
+            if durable >= records.MAX_CHANNELS:
+                raise InvalidChannel(f"channel {topic.name}/{name} refused: the topic has "
+                                     f"{durable} durable channels, the most its log holds")
+            self._write_change(topic, f"creation of channel {topic.name}/{name}",
+                               _Change(records.channel_op(records.CREATE, name),
+                                       lambda logged: logged.channels.setdefault(name, False)))
 
     def channel_deleted(self, channel: "Channel") -> None:
         if self._durable(channel):
@@ -536,7 +630,8 @@ class DiskStore(Store):
                 logged.channels.pop(name, None)
                 logged.config.pop(name, None)
 
-            self._queue(channel.topic, _Change(records.channel_op(records.DELETE, name), apply))
+            self._write_change(channel.topic, f"deletion of channel {channel.topic.name}/{name}",
+                               _Change(records.channel_op(records.DELETE, name), apply))
 
     def channel_changed(self, channel: "Channel") -> None:
         if self._durable(channel):
@@ -547,7 +642,9 @@ class DiskStore(Store):
                     logged.channels[name] = paused
 
             op = records.PAUSE if paused else records.UNPAUSE
-            self._queue(channel.topic, _Change(records.channel_op(op, name), apply))
+            self._write_change(channel.topic, f"{'pause' if paused else 'unpause'} of channel "
+                               f"{channel.topic.name}/{name}",
+                               _Change(records.channel_op(op, name), apply))
 
     def config_changed(self, topic: "Topic", channel: "Channel | None") -> None:
         if channel is not None and not self._durable(channel):
@@ -558,7 +655,17 @@ class DiskStore(Store):
         def apply(logged: _Logged) -> None:
             logged.config[name] = data
 
-        self._queue(topic, _Change(records.config(name, data), apply))
+        self._write_change(topic, f"settings of {topic.name}/{name}" if name else
+                           f"settings of topic {topic.name}",
+                           _Change(records.config(name, data), apply))
+
+    def emptying(self, topic: "Topic", channel: "Channel | None") -> None:
+        if channel is not None and not self._durable(channel):
+            return
+        name = channel.name if channel is not None else ""
+        self._write_change(topic, f"empty of {topic.name}/{name}" if name else
+                           f"empty of topic {topic.name}",
+                           _Change(records.empty(name), lambda logged: None))
 
     # -- writing what is queued -------------------------------------------
     def _encode_queued(self, name: str) -> tuple[list[Queued], bytes]:
@@ -726,6 +833,10 @@ class DiskStore(Store):
             deleted += gone
         dirs, self._new_dirs = self._new_dirs, []
         found, self._found = self._found, []
+        # What a failed sync left goes first (its deletions after everything is synced).
+        retired = self._sync_retired + retired
+        deleted = self._sync_deleted + deleted
+        self._sync_retired, self._sync_deleted = [], []
         return fds, retired, deleted, dirs, found
 
     def _check_sync(self) -> None:
@@ -734,6 +845,10 @@ class DiskStore(Store):
             return
         self._sync = None
         err = future.exception()
+        if isinstance(err, _SyncFailed):
+            self._sync_retired += err.retired
+            self._sync_deleted += err.deleted
+            err = err.first
         if err is not None:
             if self.failed is None:
                 log.error("fsync of the data path failed: %s; publishes are refused until "
@@ -767,6 +882,14 @@ class DiskStore(Store):
         names = sorted(self.files.listdir(str(topics_dir)))
         try:
             replays = [self._replay(d[2:]) for d in names if d.startswith("t-")]
+            # A directory with no log file is a topic whose creation failed (answered
+            # with an error): not restored.
+            empty = [r for r in replays if not r[1].sizes]
+            replays = [r for r in replays if r[1].sizes]
+            for replay, topic_log in empty:
+                self._logged.pop(replay.name, None)
+                log.warning("%s: no log file: topic %s was never created; removed",
+                            topic_log.dir, replay.name)
             logs = []
             while replays:  # each replay goes once its topic is built
                 replay, topic_log = replays.pop(0)
@@ -776,17 +899,25 @@ class DiskStore(Store):
             self._restoring = False
         opened: list[TopicLog] = []
         self._found = [str(topic_log.path(seg)) for topic_log in logs for seg in topic_log.sizes]
+        topic_log = None
         try:
             for topic_log in logs:
                 topic_log.start_appending()
                 opened.append(topic_log)
             for topic_log in opened:
                 topic_log.reclaim()  # files left behind with nothing pending
-        except OSError:
-            for topic_log in opened:
-                topic_log.abandon()
-                self.files.unlink(str(topic_log.path(topic_log.current)))
-            raise
+        except OSError as err:
+            for done in opened:
+                done.abandon()
+                self.files.unlink(str(done.path(done.current)))
+            where = topic_log.dir if topic_log is not None else self.path
+            raise DataPathUnwritable(
+                err.errno, f"cannot start: could not write a new log file in {where}: "
+                f"{err.strerror or err}. A start writes one new file per topic (nothing "
+                f"was changed): free space on the file system of {self.path} (or make it "
+                f"writable) and start again") from err
+        for _, topic_log in empty:
+            self._executor.submit(self.files.rmtree, str(topic_log.dir))
         for d in names:
             if d.startswith("trash-"):
                 self._executor.submit(self.files.rmtree, str(topics_dir / d))
@@ -797,12 +928,27 @@ class DiskStore(Store):
         """Read a topic's log: what is pending where (no change to anything)."""
         topic_log = self._new_log(name)
         replay = Replay(name)
+        previous = None
         for seg in topic_log.segment_numbers():
+            if previous is not None and seg != previous + 1:
+                # Files go oldest first: one missing between two others was lost
+                # (deleted by hand, a file system check), and what it held with it.
+                log.error("%s: topic %s: log file(s) %s missing: the messages they held "
+                          "are lost (durable channels before them: %s)", topic_log.dir, name,
+                          ", ".join(topic_log.path(n).name for n in range(previous + 1, seg)),
+                          ", ".join(sorted(replay.channels)) or "none")
+            previous = seg
             topic_log.sizes[seg] = self._scan_file(topic_log.path(seg),
-                                                   lambda r, seg=seg: replay.read(seg, r))
+                                                   lambda r, seg=seg: replay.read(seg, r),
+                                                   replay.damaged)
+        if replay.damage:
+            log.error("%s: topic %s: damaged records skipped (file and offset above): %s",
+                      topic_log.dir, name, "; ".join(f"{count} {what}" for what, count
+                                                     in sorted(replay.damage.items())))
         return replay, topic_log
 
-    def _scan_file(self, path: Path, read: Callable[[records.Record], None]) -> int:
+    def _scan_file(self, path: Path, read: Callable[[records.Record], None],
+                   damaged: Callable[[bytes], None] | None = None) -> int:
         """Feed every valid record of a file to ``read``, a block at a time (a whole
         segment in memory at once would set the peak of a start); returns its size."""
         fd = self.files.open(str(path), os.O_RDONLY)
@@ -816,7 +962,8 @@ class DiskStore(Store):
                 block, base = carry + chunk, pos - len(carry)
                 pos += len(chunk)
                 rest: list[int] | None = [] if pos < size else None
-                for record in records.scan(block, str(path), base, rest):
+                for record in records.scan(block, str(path), base, rest,
+                                           damaged and (lambda _, span: damaged(span))):
                     read(record)
                 carry, need = (block[rest[0]:] if rest else b""), SCAN_BLOCK
                 if len(carry) >= records.HEADER_SIZE:  # a record longer than a block
@@ -889,7 +1036,12 @@ class DiskStore(Store):
                 if on_disk_attempts is not None:
                     on_disk_attempts.append(attempts)
                 continue
-            msg = self.load(topic, loc)
+            try:
+                msg = self.load(topic, loc)
+            except ReadLater:  # a start that cannot read what it restores stops (the log says why)
+                raise OSError(f"cannot start: reading the messages of topic {topic.name} "
+                              f"under {self._dir(topic.name)} failed (nothing was changed); "
+                              f"start again") from None
             if msg is None:
                 continue
             msg.attempts = attempts
@@ -907,8 +1059,17 @@ class DiskStore(Store):
         self._executor.shutdown(wait=True)
         for topic_log in self.logs.values():
             topic_log.abandon()
+        self._close_unsynced()
         self.logs.clear()
         os.close(self._lock_fd)
+
+    def _close_unsynced(self) -> None:
+        for fd in self._sync_retired:
+            try:
+                self.files.close(fd)
+            except OSError:
+                pass
+        self._sync_retired = []
 
     def close(self) -> None:
         """Clean shutdown: write what is queued, fsync, close."""
@@ -923,6 +1084,7 @@ class DiskStore(Store):
                 topic_log.close()
             except OSError as err:
                 log.error("%s: %s", topic_log.dir, err)
+        self._close_unsynced()
         self.logs.clear()
         os.close(self._lock_fd)
 
@@ -951,21 +1113,26 @@ def _sync_all(files: fileops.Files, fds: list[int], retired: list[int],
             files.fsync(fd)
         except OSError as err:
             failure = failure or err
+    unsynced: list[int] = []
     for fd in retired:
         try:
             files.fsync(fd)
         except OSError as err:
             failure = failure or err
+            unsynced.append(fd)  # kept open: the next sync tries it again
+            continue
         files.close(fd)
     for path in dirs:
         try:
             files.fsync_dir(path)
         except OSError as err:
             failure = failure or err
+    if failure is not None:
+        # A file is deleted only once what replaced it (a MOVE, the FINs that freed it)
+        # is known to be on disk: not after a failed fsync.
+        raise _SyncFailed(failure, unsynced, deleted)
     for path in deleted:
         files.unlink(str(path))
-    if failure is not None:
-        raise failure
 
 
 def _close_and_remove(files: fileops.Files, fds: list[int], trash: Path | None) -> None:
