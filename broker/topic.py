@@ -105,7 +105,10 @@ class Topic:
             self._copy_to_channels([m], max(0.0, m.deadline - now))
         for loc, attempts, until in later_on_disk:
             for channel in self.channels.values():
-                channel.put_deferred_on_disk(loc, attempts, max(0.0, until - now))
+                if until > now:
+                    channel.put_deferred_on_disk(loc, attempts, until - now)
+                else:  # due while held: ready at once, as a message in memory would be
+                    channel.put_on_disk((loc,), (attempts,))
 
     def restore_held(self, ready: list[Message], on_disk: Sequence[int],
                      deferred: list[tuple[Message, float]],

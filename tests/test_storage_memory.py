@@ -121,3 +121,15 @@ def test_a_topic_without_channels_holds_its_deferred_messages_on_disk(tmp_path):
     clock.advance(11)
     broker.tick()
     assert list(drain(broker, "events", "work")) == dpub
+
+
+def test_held_deferred_messages_on_disk_that_came_due_are_ready_once_a_channel_exists(tmp_path):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, mem_queue_size=LIMIT)
+    dpub = [broker.publish("events", b"d%03d" % i, defer_ms=5000) for i in range(20)]
+    clock.advance(30)
+    broker.tick()
+    broker.create_channel("events", "work")
+    ch = broker.channel("events", "work")
+    assert (ch.depth, ch.deferred_count) == (20, 0)
+    assert sorted(drain(broker, "events", "work")) == sorted(dpub)
