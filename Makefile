@@ -1,12 +1,13 @@
 # make demo   - the main job end to end on an embedded broker
 # make test   - the whole test suite
+# make crashloop - kill -9 / SIGTERM restarts under load, counting what was lost
 # Both create .venv and install what they need on first use.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: demo test bench mutants protos check-python check-java clean
+.PHONY: demo test bench crashloop mutants protos check-python check-java clean
 
 demo: check-java $(INSTALLED)
 	$(BIN)/python examples/demo.py
@@ -27,6 +28,11 @@ mutants: $(VENV)/.installed-dev
 $(VENV)/.installed-dev: $(INSTALLED)
 	$(BIN)/python -m pip install -e '.[dev]' --config-settings editable_mode=compat
 	touch $@
+
+# The crash loop: pynsqd killed and restarted under load, every acknowledged message
+# accounted for (CRASHLOOP_ARGS="--duration 600" for longer); exits 1 on any loss.
+crashloop: $(INSTALLED)
+	$(BIN)/python -m benchmarks.crashloop $(CRASHLOOP_ARGS)
 
 # Regenerate the gRPC stubs in broker/api/ from protos/ (commit the result).
 protos: $(INSTALLED)

@@ -11,7 +11,11 @@
 3. RSS with M messages queued in each backlog shape (a topic with no channel, a
    paused topic, a paused channel, a deep channel), each in a fresh broker.
 4. Restart with M messages pending in each of 3 channels: time until the
-   broker answers, and its peak RSS (VmHWM) during recovery.
+   broker answers, and its peak RSS (VmHWM) during recovery; then with M
+   pending in one channel after 1,000 channels were made and deleted.
+5. Write amplification: bytes of pending messages copied to the end of the log
+   (``rewritten_bytes`` in HTTP /stats) per byte published, for an idle channel
+   and for a slow consumer that defers one message in thirty for ten minutes.
 
 `--queued 0` runs part 1 only.
 """
@@ -22,15 +26,17 @@ import argparse
 import json
 import statistics
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 from broker import Client
 
 try:
-    from .common import cpu_seconds, start_pynsqd, stop
+    from .common import cpu_seconds, free_port, start_pynsqd, stop
 except ImportError:  # run as a script
-    from common import cpu_seconds, start_pynsqd, stop
+    from common import cpu_seconds, free_port, start_pynsqd, stop
 
 BODY = b"x" * 100
 
@@ -91,14 +97,19 @@ def shape_rss(tmp: str, queued: int) -> dict:
     return out
 
 
-def restart(tmp: str, pending: int, channels: int = 3) -> dict:
-    """Seconds to restart with ``pending`` messages in each of ``channels`` channels,
-    and the peak RSS (MB) of the restarted broker."""
-    data = f"{tmp}/restart"
+def restart(tmp: str, pending: int, channels: int = 3, cycles: int = 0) -> dict:
+    """Seconds to restart with ``pending`` messages in each of ``channels`` channels
+    (after ``cycles`` channels were made and deleted), and the peak RSS (MB) of the
+    restarted broker."""
+    data = f"{tmp}/restart-{channels}-{cycles}"
     proc, address = start_pynsqd("--data-path", data)
     try:
         publish(address, pending, batch=500,
                 channels=tuple(f"c{i}" for i in range(channels)))
+        with Client(address) as client:
+            for _ in range(cycles):
+                client.admin("channel", "create", "bench", "gone")
+                client.admin("channel", "delete", "bench", "gone")
     finally:
         stop(proc)
     started = time.perf_counter()
@@ -111,6 +122,53 @@ def restart(tmp: str, pending: int, channels: int = 3) -> dict:
     finally:
         stop(proc)
     return {"seconds": round(seconds, 2), "peak_rss_mb": round(peak, 1), "pending": depth}
+
+
+def http_stats(port: int, topic: str) -> dict:
+    url = f"http://127.0.0.1:{port}/stats?format=json&topic={topic}"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return json.loads(reply.read())["topics"][0]
+
+
+def write_amplification(tmp: str, messages: int, settle: float = 5.0) -> dict:
+    """Bytes copied to the log's end per byte published (bodies), on two topics of one
+    broker with 64 KiB files: ``idle`` (its channel never read) and ``slow`` (read at
+    about 2,000 msgs/s, one message in thirty deferred for ten minutes, the rest FINed),
+    after the consumer is done and ``settle`` seconds more."""
+    port = free_port()
+    proc, address = start_pynsqd("--data-path", f"{tmp}/amplification", "--http-address",
+                                 f"127.0.0.1:{port}", "--max-bytes-per-file", str(64 << 10),
+                                 "--mem-queue-size", "100")
+    body = b"x" * 1000
+    try:
+        with Client(address) as client:
+            for topic in ("idle", "slow"):
+                client.admin("channel", "create", topic, "work")
+
+            def slow_consumer() -> None:
+                with Client(address) as reader, reader.subscribe("slow", "work",
+                                                                 rdy=10) as sub:
+                    for i in range(messages):
+                        msg = sub.get(timeout=60)
+                        if i % 30 == 0:
+                            sub.req(msg.id, delay_ms=600_000)
+                        else:
+                            sub.fin(msg.id)
+                        if i % 20 == 0:
+                            time.sleep(0.01)
+
+            reader = threading.Thread(target=slow_consumer)
+            reader.start()
+            for _ in range(0, messages, 100):
+                client.multi_publish("idle", [body] * 100)
+                client.multi_publish("slow", [body] * 100)
+            reader.join()
+        time.sleep(settle)
+        published = messages * len(body)
+        return {topic: round(http_stats(port, topic)["rewritten_bytes"] / published, 4)
+                for topic in ("idle", "slow")}
+    finally:
+        stop(proc)
 
 
 def du_mb(path: Path) -> float:
@@ -170,11 +228,15 @@ def run(messages: int, queued: int, rounds: int = 3) -> dict:
             stop(proc)
         shapes = shape_rss(tmp, queued)
         restarted = restart(tmp, queued)
+        churned = restart(tmp, queued, channels=1, cycles=1000)
+        amplification = write_amplification(tmp, max(queued // 50, 2000))
     return {
         **speed, "queued": queued, "rss_mb_with_queued": round(rss, 1),
         "data_path_mb_before_consuming": round(before, 1),
         "data_path_mb_after_consuming": round(after, 2),
-        "rss_mb_by_shape": shapes, "restart": restarted}
+        "rss_mb_by_shape": shapes, "restart": restarted,
+        "restart_after_1000_channel_cycles": churned,
+        "rewritten_per_published": amplification}
 
 
 def main() -> None:

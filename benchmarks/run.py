@@ -169,6 +169,12 @@ def collect(quick: bool) -> Iterator[dict]:
             None, ""),
         row("peak RSS of that restart", d["restart"]["peak_rss_mb"], "MB", None,
             "<= 200 MB (for 1M)"),
+        row(f"restart, {sizes['queued']:,} pending after 1,000 channel create/delete",
+            d["restart_after_1000_channel_cycles"]["seconds"], "s",
+            d["restart"]["seconds"], "ratio <= 1 (÷ 3 channels: linear in the log)"),
+        *[row(f"bytes rewritten per byte published, {shape} consumer", ratio, "B/B", None,
+              "<= 0.5" if shape == "slow" else "0 (an idle backlog is never copied)")
+          for shape, ratio in d["rewritten_per_published"].items()],
         *[row(f"durable {kind} (÷ memory-only)", d["durable"][f"{kind}_msgs_per_s"], "msgs/s",
               d["memory"][f"{kind}_msgs_per_s"],
               f"ratio >= {goal}; CPU us/msg {d['durable'][f'{kind}_cpu_us_per_msg']:.2f} vs "

@@ -1,9 +1,11 @@
 """Ready messages in order, at most ``limit`` of them in memory.
 
 Past the limit a durable message waits on disk only: its log location goes
-into an ``OnDisk`` run (8 bytes a message) and it is read back when it comes
-up. Messages delivered before (``attempts`` > 0) or not on disk stay in memory,
-so nothing a consumer saw loses its count.
+into an ``OnDisk`` run (8 bytes a message, 2 more for its delivery count once a
+message of the run has been delivered before) and it is read back when it comes
+up. Messages not on disk (``#ephemeral`` topics) stay in memory. Messages put
+back at the front (a consumer gone, a lease's rest) stay in memory up to the
+limit and the read-ahead allowance, and wait on disk past that.
 
 With a ``fetch`` (a running broker), a run is read ahead of the cursor without
 waiting for the disk, ``READ_AHEAD`` messages at a time: what was read goes in memory
@@ -26,6 +28,8 @@ from .message import Message
 
 # Messages of a run read from disk at once, ahead of the cursor.
 READ_AHEAD = 1024
+# Messages in memory past the limit that are still kept when put back at the front.
+SLACK = READ_AHEAD
 
 
 class ReadLater(Exception):
@@ -42,10 +46,16 @@ class OnDisk:
     """A run of messages that wait on disk only: their locations, in queue order,
     and those of the next ones already read back (``loaded``)."""
 
-    __slots__ = ("locs", "start", "loaded", "base", "reading", "gone", "sync")
+    __slots__ = ("locs", "attempts", "start", "loaded", "base", "reading", "gone", "sync")
 
-    def __init__(self, locs: Iterable[int] = ()) -> None:
+    def __init__(self, locs: Iterable[int] = (), attempts: Iterable[int] | None = None) -> None:
         self.locs = array("q", locs)
+        # Each one's delivery count, once one of them has any (None: all 0).
+        self.attempts: array | None = None
+        if attempts is not None:
+            self.attempts = array("H", attempts)
+            if not any(self.attempts):
+                self.attempts = None
         self.start = 0
         # Read back, for the positions from ``start`` on (None: to read again at once).
         self.loaded: deque[Message | None] = deque()
@@ -57,10 +67,34 @@ class OnDisk:
     def __len__(self) -> int:
         return len(self.locs) - self.start
 
-    def pop(self) -> int:
-        loc = self.locs[self.start]
+    def pop(self) -> tuple[int, int]:
+        """The next location and its delivery count, taken off the run."""
+        start = self.start
+        loc = self.locs[start]
+        attempts = self.attempts[start] if self.attempts is not None else 0
         self._advance(1)
-        return loc
+        return loc, attempts
+
+    def append(self, loc: int, attempts: int = 0) -> None:
+        if attempts and self.attempts is None:
+            self.attempts = array("H", bytes(2 * len(self.locs)))
+        self.locs.append(loc)
+        if self.attempts is not None:
+            self.attempts.append(attempts)
+
+    def extend(self, locs: "array | list[int]", attempts: "array | None" = None) -> None:
+        if attempts is not None and self.attempts is None and any(attempts):
+            self.attempts = array("H", bytes(2 * len(self.locs)))
+        self.locs.extend(locs)
+        if self.attempts is not None:
+            self.attempts.extend(attempts if attempts is not None
+                                 else array("H", bytes(2 * len(locs))))
+
+    def attempts_of(self, start: int, count: int) -> "array | None":
+        """Delivery counts of the ``count`` positions from ``start`` (None: all 0)."""
+        if self.attempts is None:
+            return None
+        return self.attempts[start:start + count]
 
     def take(self, count: int) -> array:
         """The next ``count`` locations, taken off the run."""
@@ -72,11 +106,16 @@ class OnDisk:
         self.start += count
         if self.start > 4096 and self.start * 2 > len(self.locs):
             del self.locs[:self.start]
+            if self.attempts is not None:
+                del self.attempts[:self.start]
             self.base += self.start
             self.start = 0
 
     def remaining(self) -> array:
         return self.locs[self.start:]
+
+    def remaining_attempts(self) -> "array | None":
+        return self.attempts_of(self.start, len(self))
 
 
 Entry = Message | OnDisk
@@ -100,6 +139,7 @@ class Backlog:
         self._items: deque[Entry] = deque()
         self._len = 0
         self._in_memory = 0
+        self._ahead: OnDisk | None = None    # the run read ahead last
         # A read from disk failed for now: nothing more is read from disk until whoever
         # pops clears it (after a back-off) and pops again.
         self.stalled = False
@@ -112,43 +152,72 @@ class Backlog:
 
     @property
     def in_memory(self) -> int:
+        """Messages queued in memory (not those of a run read ahead of their turn)."""
         return self._in_memory
+
+    @property
+    def bodies_in_memory(self) -> int:
+        """Messages whose body is in memory: queued, and read ahead of their turn.
+        At most ``limit`` + ``SLACK`` + twice ``READ_AHEAD``."""
+        ahead = self._ahead
+        return self._in_memory + (len(ahead.loaded) if ahead is not None and not ahead.gone
+                                  else 0)
 
     def append(self, msg: Message) -> None:
         limit = self.limit
-        if limit is None or self._in_memory < limit or not msg.loc or msg.attempts:
+        if limit is None or self._in_memory < limit or not msg.loc:
             self._items.append(msg)
             self._in_memory += 1
         else:
-            self._spill(msg.loc)
+            self._spill(msg.loc, msg.attempts)
         self._len += 1
 
     def extend(self, msgs: Iterable[Message]) -> None:
         for msg in msgs:
             self.append(msg)
 
-    def extend_on_disk(self, locs: "array | list[int]") -> None:
-        """Queue messages known by location only (read back when they come up)."""
+    def extend_on_disk(self, locs: "array | list[int]", attempts: "array | None" = None
+                       ) -> None:
+        """Queue messages known by location only (read back when they come up), with
+        their delivery counts (None: all 0)."""
         if not len(locs):
             return
         items = self._items
         if items and type(items[-1]) is OnDisk:
-            items[-1].locs.extend(locs)
+            items[-1].extend(locs, attempts)
         else:
-            items.append(OnDisk(locs))
+            items.append(OnDisk(locs, attempts))
         self._len += len(locs)
 
-    def _spill(self, loc: int) -> None:
+    def _spill(self, loc: int, attempts: int) -> None:
         items = self._items
         if items and type(items[-1]) is OnDisk:
-            items[-1].locs.append(loc)
+            items[-1].append(loc, attempts)
         else:
-            items.append(OnDisk((loc,)))
+            items.append(OnDisk((loc,), (attempts,) if attempts else None))
 
     def push_front(self, msgs: list[Message]) -> None:
-        """Put messages back ahead of the rest (held ones that come back)."""
-        self._items.extendleft(reversed(msgs))
-        self._in_memory += len(msgs)
+        """Put messages back ahead of the rest (held ones that come back); past the limit
+        and the read-ahead allowance, those on disk wait there."""
+        limit = self.limit
+        room = len(msgs) if limit is None else limit + SLACK - self._in_memory
+        if room < len(msgs):
+            front: list[Entry] = list(msgs[:max(room, 0)])
+            run = None
+            for msg in msgs[len(front):]:
+                if not msg.loc:
+                    front.append(msg)
+                    run = None
+                    continue
+                if run is None:
+                    run = OnDisk()
+                    front.append(run)
+                run.append(msg.loc, msg.attempts)
+            self._items.extendleft(reversed(front))
+            self._in_memory += sum(1 for item in front if type(item) is not OnDisk)
+        else:
+            self._items.extendleft(reversed(msgs))
+            self._in_memory += len(msgs)
         self._len += len(msgs)
 
     def popleft(self, wait: bool = True) -> Message | None:
@@ -189,12 +258,13 @@ class Backlog:
             except ReadLater:
                 self.stalled = True
                 return None
-            head.pop()
+            _, attempts = head.pop()
             self._len -= 1
             if not head:
                 items.popleft()
                 head.gone = True
             if msg is not None:
+                msg.attempts = attempts
                 return msg
         return None
 
@@ -225,6 +295,11 @@ class Backlog:
                     loaded[i] = self._load(loc) or _LOST
             msgs = [m for m in loaded if m is not _LOST]
             self._len -= len(loaded) - len(msgs)
+        attempts = run.attempts_of(run.start, len(loaded))
+        if attempts is not None:
+            for msg, count in zip(loaded, attempts):
+                if msg is not _LOST:
+                    msg.attempts = count
         run.loaded = deque()
         run.take(len(loaded))
         items = self._items
@@ -247,6 +322,7 @@ class Backlog:
             return
         locs = run.locs[first:first + count]
         at = run.base + first
+        self._ahead = run
 
         def done(msgs: "list[Message | None] | None") -> None:
             run.reading = False
@@ -308,8 +384,9 @@ class Backlog:
         """(log location, attempts) of each queued durable message."""
         for item in self._items:
             if type(item) is OnDisk:
-                for loc in item.remaining():
-                    yield loc, 0
+                attempts = item.remaining_attempts()
+                yield from zip(item.remaining(), attempts if attempts is not None
+                               else repeat(0))
             elif item.loc:
                 yield item.loc, item.attempts
 

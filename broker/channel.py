@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 from . import deadletter
 from .backlog import Backlog, ReadLater
 from .consumer import Consumer
+from .deferred import Deferred
 from .errors import NotInFlight
 from .lease import LeaseClaims
 from .message import MAX_ATTEMPTS, Message
@@ -49,7 +50,7 @@ class Channel:
         # Past --mem-queue-size, a durable message waits on disk only.
         self._ready = Backlog(self._store.spill_limit, self._load, self._fetch, self._pump)
         self._in_flight = DeadlineQueue()
-        self._deferred = DeadlineQueue()
+        self._deferred = Deferred(self._store.spill_limit)
         self._consumers: list[Consumer] = []
         self._rr = 0
         self.message_count = 0
@@ -114,22 +115,34 @@ class Channel:
         self._ready.extend(msgs)
         self._pump()
 
-    def put_on_disk(self, locs: Iterable[int]) -> None:
-        """Queue messages that wait on disk only (from the topic's hold)."""
+    def put_on_disk(self, locs: Sequence[int], attempts: Sequence[int] | None = None) -> None:
+        """Queue messages that wait on disk only (from the topic's hold), with their
+        delivery counts (None: all 0)."""
         before = len(self._ready)
-        self._ready.extend_on_disk(locs)
+        self._ready.extend_on_disk(locs, attempts)
         self.message_count += len(self._ready) - before
         self._pump()
 
     def restore(self, ready: list[Message], on_disk: Sequence[int],
-                deferred: list[tuple[Message, float]]) -> None:
-        """Queue messages recovered from disk: in memory, on disk only, and
-        deferred (with the seconds they still wait)."""
+                deferred: list[tuple[Message, float]],
+                on_disk_attempts: Sequence[int] | None = None,
+                deferred_on_disk: Iterable[tuple[int, int, float]] = ()) -> None:
+        """Queue messages recovered from disk: in memory, on disk only (with their
+        delivery counts), and deferred (with the seconds they still wait), in memory
+        and as (loc, attempts, seconds) on disk only."""
         self._ready.extend(ready)
-        self._ready.extend_on_disk(on_disk)
+        self._ready.extend_on_disk(on_disk, on_disk_attempts)
         now = self._clock.monotonic()
         for msg, delay in deferred:
             self._deferred.push(msg, now + delay)
+        for loc, attempts, delay in deferred_on_disk:
+            self._deferred.push_on_disk(loc, attempts, now + delay)
+        self._timers_started()
+
+    def put_deferred_on_disk(self, loc: int, attempts: int, delay: float) -> None:
+        """Defer a message that waits on disk only (from the topic's hold)."""
+        self.message_count += 1
+        self._deferred.push_on_disk(loc, attempts, self._clock.monotonic() + delay)
         self._timers_started()
 
     def put_deferred(self, msg: Message, delay: float) -> None:
@@ -344,12 +357,15 @@ class Channel:
             msg.consumer = None
             self.timeout_count += 1
             self._ready.append(msg)
-        due = list(self._deferred.pop_due(now))
+        due, due_on_disk = self._deferred.pop_due(now)
         self._ready.extend(due)
+        if due_on_disk:
+            locs, attempts = zip(*due_on_disk)
+            self._ready.extend_on_disk(locs, attempts)
         stalled = self._ready.stalled and self._retry is None  # no loop's timer for it
         if stalled:
             self._ready.stalled = False
-        if timed_out or due or stalled:
+        if timed_out or due or due_on_disk or stalled:
             self._pump()
         return bool(self._in_flight) or bool(self._deferred) or self._ready.stalled
 
@@ -379,8 +395,9 @@ class Channel:
 
     def _drop_all(self) -> None:
         in_flight = self._in_flight.clear()
-        msgs = [*self._ready.messages(), *self._deferred.clear(), *in_flight]
-        on_disk = list(self._ready.on_disk())
+        deferred, deferred_on_disk = self._deferred.clear()
+        msgs = [*self._ready.messages(), *deferred, *in_flight]
+        on_disk = [*self._ready.on_disk(), *deferred_on_disk]
         self._ready.take_all()
         # Every holder lets go, leases included (they are not in _consumers).
         for msg in in_flight:
@@ -526,7 +543,9 @@ class Channel:
             dead_letter_topic=deadletter.dead_letter_topic(self),
             clients=[ClientStats.of(c) for c in self._consumers],
             e2e_processing_latency=self.latency.percentiles(),
-            on_disk_count=len(self._ready) - self._ready.in_memory,
+            on_disk_count=(len(self._ready) - self._ready.in_memory
+                           + len(self._deferred) - self._deferred.in_memory),
+            memory_count=self._ready.bodies_in_memory + self._deferred.in_memory,
             disk_bytes=self._store.pinned_bytes(self, self._oldest_location))
 
     def copies(self) -> Iterator[tuple[int, int, float]]:
@@ -539,15 +558,18 @@ class Channel:
         for msg in self._deferred.live():
             if msg.loc:
                 yield msg.loc, msg.attempts, msg.deadline
+        yield from self._deferred.on_disk()
 
     def relocate(self, moved: dict[int, int]) -> None:
         """Records copied elsewhere in the log (old -> new location)."""
         self._ready.relocate(moved)
-        for msg in [*self._in_flight.live(), *self._deferred.live()]:
+        self._deferred.relocate(moved)
+        for msg in self._in_flight.live():
             if msg.loc in moved:
                 msg.loc = moved[msg.loc]
 
     def _oldest_location(self) -> int:
         locs = [m.loc for q in (self._in_flight, self._deferred) for m in q.live() if m.loc]
+        locs += [loc for loc, _, _ in self._deferred.on_disk()]
         oldest = self._ready.oldest_location()
         return min([*locs, oldest] if oldest else locs, default=0)

@@ -137,8 +137,9 @@ class ChannelStats:
     paused: bool
     clients: list[ClientStats] = field(default_factory=list)
     e2e_processing_latency: list[tuple[float, float]] = field(default_factory=list)
-    on_disk_count: int = 0          # ready messages that wait on disk only
+    on_disk_count: int = 0          # ready and deferred messages that wait on disk only
     disk_bytes: int = 0             # bytes of the topic's files this channel keeps
+    memory_count: int = 0           # ready and deferred messages whose body is in memory
     dead_letter_count: int = 0      # moved to the dead-letter topic
     expired_count: int = 0          # past their ttl (dead-lettered or dropped)
     max_attempts: int = 0           # in force: the channel's, else --max-attempts (0: off)
@@ -155,6 +156,8 @@ class TopicStats:
     channels: list[ChannelStats] = field(default_factory=list)
     e2e_processing_latency: list[tuple[float, float]] = field(default_factory=list)
     on_disk_count: int = 0          # held messages that wait on disk only
+    memory_count: int = 0           # held messages whose body is in memory
     disk_bytes: int = 0             # bytes of the topic's files
+    rewritten_bytes: int = 0        # pending messages' bytes copied to the log's end
     disk_read_errors: int = 0       # failed reads of its messages on disk (retried)
     ttl_ms: int = 0                 # default ttl of its messages (0: none)

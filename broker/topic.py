@@ -9,10 +9,12 @@ holds is bounded in memory as a channel's backlog is.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Iterator, Sequence
+from itertools import chain
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from .backlog import Backlog, OnDisk
 from .channel import Channel
+from .deferred import Deferred
 from .errors import ChannelNotFound
 from .message import Message
 from .names import check_channel_name, is_ephemeral
@@ -32,10 +34,10 @@ class Topic:
         self.paused = False
         self.channels: dict[str, Channel] = {}
         self._store = broker.storage
-        # Held for later channels: ready ones, and deferred ones with their
+        # Held for later channels: ready ones, and deferred ones until their
         # deliver-at (monotonic seconds).
         self._held = Backlog(self._store.spill_limit, self._load)
-        self._held_later: list[tuple[Message, float]] = []
+        self._held_later = Deferred(self._store.spill_limit)
         self.message_count = 0
         self.message_bytes = 0
         self.ttl_ms = 0                     # default ttl of its messages (0: none)
@@ -58,7 +60,8 @@ class Topic:
         if self.holds:
             if delay > 0:
                 until = self.broker.clock.monotonic() + delay
-                self._held_later.extend((m, until) for m in msgs)
+                for m in msgs:
+                    self._held_later.push(m, until)
             else:
                 self._held.extend(msgs)
             return
@@ -79,8 +82,10 @@ class Topic:
         if self.holds or not self.depth:
             return
         in_memory = self._held.in_memory == len(self._held)
-        held, later = self._held.take_all(), self._held_later
-        self._held_later = []
+        held = self._held.take_all()
+        later_msgs = self._held_later.live()
+        later_on_disk = list(self._held_later.on_disk())
+        self._held_later.clear()
         if in_memory:   # no run on disk: one run of messages, as it is
             runs, msgs, on_disk = [held] if held else [], held, iter(())
         else:
@@ -88,40 +93,53 @@ class Topic:
             msgs = [m for run in runs if type(run) is list for m in run]
             # Read by the store only when it counts them (several channels).
             on_disk = (loc for run in runs if type(run) is OnDisk for loc in run.remaining())
-        self._store.held_flushed(self, msgs + [m for m, _ in later] if later else msgs, on_disk)
+        if later_on_disk:
+            on_disk = chain(on_disk, (loc for loc, _, _ in later_on_disk))
+        self._store.held_flushed(self, msgs + later_msgs if later_msgs else msgs, on_disk)
         for run in runs:
             if type(run) is list:
                 self._copy_to_channels(run, 0.0)
                 continue
-            locs = run.remaining()
+            locs, attempts = run.remaining(), run.remaining_attempts()
             for channel in self.channels.values():
-                channel.put_on_disk(locs)
+                channel.put_on_disk(locs, attempts)
         now = self.broker.clock.monotonic()
-        for m, until in later:
-            self._copy_to_channels([m], max(0.0, until - now))
+        for m in later_msgs:
+            self._copy_to_channels([m], max(0.0, m.deadline - now))
+        for loc, attempts, until in later_on_disk:
+            for channel in self.channels.values():
+                if until > now:
+                    channel.put_deferred_on_disk(loc, attempts, until - now)
+                else:  # due while held: ready at once, as a message in memory would be
+                    channel.put_on_disk((loc,), (attempts,))
 
     def restore_held(self, ready: list[Message], on_disk: Sequence[int],
-                     deferred: list[tuple[Message, float]]) -> None:
-        """Hold messages recovered from disk until this topic has a channel."""
+                     deferred: list[tuple[Message, float]],
+                     on_disk_attempts: Sequence[int] | None = None,
+                     deferred_on_disk: Iterable[tuple[int, int, float]] = ()) -> None:
+        """Hold messages recovered from disk until this topic has a channel (as
+        ``Channel.restore`` takes them)."""
         self._held.extend(ready)
-        self._held.extend_on_disk(on_disk)
+        self._held.extend_on_disk(on_disk, on_disk_attempts)
         now = self.broker.clock.monotonic()
-        self._held_later.extend((m, now + delay) for m, delay in deferred)
+        for m, delay in deferred:
+            self._held_later.push(m, now + delay)
+        for loc, attempts, delay in deferred_on_disk:
+            self._held_later.push_on_disk(loc, attempts, now + delay)
 
     def copies(self) -> Iterator[tuple[int, int, float]]:
         """(log location, attempts, deferred until or 0) of every durable message held."""
         for loc, attempts in self._held.copies():
             yield loc, attempts, 0.0
-        for msg, until in self._held_later:
+        for msg in self._held_later.live():
             if msg.loc:
-                yield msg.loc, msg.attempts, until
+                yield msg.loc, msg.attempts, msg.deadline
+        yield from self._held_later.on_disk()
 
     def relocate(self, moved: dict[int, int]) -> None:
         """Records copied elsewhere in the log (old -> new location)."""
         self._held.relocate(moved)
-        for msg, _ in self._held_later:
-            if msg.loc in moved:
-                msg.loc = moved[msg.loc]
+        self._held_later.relocate(moved)
 
     def channel(self, name: str) -> Channel:
         try:
@@ -174,10 +192,10 @@ class Topic:
         self._drop_held()
 
     def _drop_held(self) -> None:
-        msgs = [*self._held.messages(), *(m for m, _ in self._held_later)]
-        on_disk = list(self._held.on_disk())
+        later, later_on_disk = self._held_later.clear()
+        msgs = [*self._held.messages(), *later]
+        on_disk = [*self._held.on_disk(), *later_on_disk]
         self._held.take_all()
-        self._held_later = []
         self._store.dropped(self, None, msgs, on_disk)
 
     def close(self) -> None:
@@ -196,8 +214,11 @@ class Topic:
                           message_bytes=self.message_bytes, paused=self.paused,
                           channels=[c.stats() for c in channels],
                           e2e_processing_latency=latency.percentiles(),
-                          on_disk_count=len(self._held) - self._held.in_memory,
+                          on_disk_count=(len(self._held) - self._held.in_memory
+                                         + len(self._held_later) - self._held_later.in_memory),
+                          memory_count=self._held.bodies_in_memory + self._held_later.in_memory,
                           disk_bytes=self._store.disk_bytes(self),
+                          rewritten_bytes=self._store.rewritten_bytes(self),
                           disk_read_errors=self._store.read_errors(self), ttl_ms=self.ttl_ms)
 
 

@@ -187,3 +187,45 @@ def test_a_consumer_stuck_past_its_timeout_is_disconnected_and_others_get_everyt
         assert consume_all(client, len(ids)) == set(ids)
     finally:
         close()
+
+
+@pytest.mark.parametrize("protocol", ["tcp", "grpc"])
+def test_a_refused_mpub_leaves_none_of_its_messages_to_the_garbage_collector(protocol):
+    # pynsqd runs full collections rarely (see tune_garbage_collector): a refusal whose
+    # error kept the request's frames in a reference cycle held its messages for long.
+    import gc
+
+    from broker.message import Message
+
+    body = b"y" * 1000
+    mpub = (b"MPUB t\n" + struct.pack(">ii", 4 + 100 * (4 + len(body)), 100)
+            + b"".join(struct.pack(">i", len(body)) + body for _ in range(100)))
+    with EmbeddedBroker(max_memory_bytes=1000, grpc_address="127.0.0.1:0",
+                        tcp_address="127.0.0.1:0", http_address="127.0.0.1:0") as broker, \
+            Client(broker.address) as client:
+        host, port = broker.tcp_address.rsplit(":", 1)
+
+        def refuse() -> None:
+            if protocol == "grpc":
+                with pytest.raises(Exception, match="max-memory-bytes"):
+                    client.multi_publish("t", [body] * 100)
+                return
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                sock.sendall(b"  V2" + mpub)
+                assert b"E_MPUB_FAILED" in sock.recv(4096)
+
+        refuse()
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            for _ in range(20):
+                refuse()
+            wait_for(lambda: broker.call(lambda: True), 10)  # the loop has answered them all
+            gc.collect()
+            held = [o for o in gc.garbage if type(o) is Message]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        assert held == []

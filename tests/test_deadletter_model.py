@@ -37,6 +37,8 @@ def pending_ids(store: DiskStore, topic: str, channel) -> list[str]:
         else:
             ids.append(item.id)
     ids += [m.id for m in channel._deferred.live()]
+    ids += [f"{store.logs[topic].read_pub(loc)[0]:016x}"
+            for loc, _, _ in channel._deferred.on_disk()]
     ids += [m.id for m in channel._in_flight.live()]
     return ids
 

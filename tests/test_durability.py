@@ -3,7 +3,9 @@ clean shutdowns keep in-flight and deferred messages, damage is skipped."""
 
 from __future__ import annotations
 
+import json
 import signal
+import urllib.request
 
 import pytest
 
@@ -11,7 +13,7 @@ from broker import Client, EmbeddedBroker
 from broker.storage import DataPathLocked
 
 from .grpckit import drain
-from .helpers import Daemon, wait_for
+from .helpers import Daemon, free_port, wait_for
 
 
 @pytest.fixture
@@ -260,3 +262,42 @@ def test_a_replayed_mpub_after_kill_9_returns_the_first_ids_and_publishes_nothin
         again = client.multi_publish("events", [b"a", b"b"], producer_id="job:1:0", sequence=3)
     assert again == first
     assert consume_all(restarted.address, "events", "work") == {}
+
+
+def http_channel_stats(port: int, topic: str) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats?format=json&topic={topic}",
+                                timeout=10) as reply:
+        return json.loads(reply.read())["topics"][0]["channels"][0]
+
+
+def test_requeued_and_deferred_messages_keep_memory_within_mem_queue_size(daemons):
+    # What the broker holds in memory, by its own count: at most --mem-queue-size ready
+    # messages plus what it reads ahead and was given back (3 x 1,024), and as many
+    # deferred, for 20,000 messages REQed, then 20,000 deferred, across a kill -9.
+    http_port = free_port()
+    d = daemons("--mem-queue-size", "20", "--http-address", f"127.0.0.1:{http_port}")
+    bound = 20 + 3 * 1024 + 20
+    body = b"x" * 200
+    with Client(d.address) as client:
+        client.admin("channel", "create", "events", "work")
+        for _ in range(40):
+            client.multi_publish("events", [body] * 500)
+        with client.subscribe("events", "work", rdy=500) as sub:
+            for _ in range(20_000):
+                sub.req(sub.get(10).id)
+            stats = wait_for(lambda: (lambda s: s if s["requeue_count"] == 20_000 else None)(
+                http_channel_stats(http_port, "events")), 10, message="20,000 REQs")
+            assert stats["memory_count"] <= bound
+        later = client.multi_publish("events", [body] * 500, defer_ms=[600_000] * 500)
+        for _ in range(39):
+            later += client.multi_publish("events", [body] * 500, defer_ms=[600_000] * 500)
+        stats = http_channel_stats(http_port, "events")
+        assert stats["deferred_count"] == 20_000
+        assert stats["memory_count"] <= bound
+    d.proc.kill()
+    d.proc.wait(10)
+    d = daemons("--mem-queue-size", "20", "--http-address", f"127.0.0.1:{http_port}",
+                port=d.port)
+    stats = http_channel_stats(http_port, "events")
+    assert (stats["deferred_count"], stats["depth"]) == (20_000, 20_000)
+    assert stats["memory_count"] <= bound

@@ -184,3 +184,33 @@ def test_options_past_what_the_log_holds_are_refused_at_start_with_a_data_path(t
         Options(data_path=str(tmp_path), max_bytes_per_file=MAX_FILE + 1)
     Options(max_msg_size=records.MAX_BODY + 1)   # memory only: no log to hold it
     Options(data_path=str(tmp_path), max_msg_size=records.MAX_BODY)
+
+
+@pytest.mark.parametrize("stop", RESTARTS)
+def test_channels_past_a_64_bit_mask_emptied_deleted_and_made_anew_restart_with_their_messages(
+        tmp_path, stop):
+    # Channels whose bits lie past 64 are emptied, deleted and made anew (a freed bit
+    # used again) while the topic holds messages: a restart gives each channel exactly
+    # the messages it had, no more (nothing of an emptied or deleted one comes back).
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    names = [f"c{i:03d}" for i in range(70)]
+    for name in names:
+        broker.create_channel("events", name)
+    first = broker.multi_publish("events", [f"first-{i}".encode() for i in range(3)])
+    topic = broker.topic("events")
+    topic.channel("c068").empty()
+    broker.delete_channel("events", "c069")
+    topic.pause()
+    held = broker.multi_publish("events", [b"held-1", b"held-2"])
+    broker.create_channel("events", "again")  # paused: the topic keeps holding them
+    topic.unpause()                           # handed over to every channel
+    later = broker.publish("events", b"later")
+    stop(broker)
+    broker = start(tmp_path, clock)
+    assert set(broker.topic("events").channels) == {*names, "again"} - {"c069"}
+    assert set(drain(broker, "events", "c000")) == {*first, *held, later}
+    assert set(drain(broker, "events", "c067")) == {*first, *held, later}
+    assert set(drain(broker, "events", "c068")) == {*held, later}
+    assert set(drain(broker, "events", "again")) == {*held, later}
+    assert broker.topic("events").depth == 0

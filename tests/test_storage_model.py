@@ -596,14 +596,19 @@ class StorageModel(RuleBasedStateMachine):
         store = self.store
         for item in backlog._items:
             if type(item) is OnDisk:
-                for loc in item.remaining():
+                attempts = item.remaining_attempts() or [0] * len(item)
+                for loc, count in zip(item.remaining(), attempts):
                     with self.files.suspended():  # the oracle's reads never fail
                         msg_id, *_ = store.logs[topic_name].read_pub(loc)
-                    out[f"{msg_id:016x}"] = (0, None, False)
+                    out[f"{msg_id:016x}"] = (count, None, False)
             else:
                 out[item.id] = (item.attempts, None, False)
-        for msg in deferred:
+        for msg in deferred.live():
             out[msg.id] = (msg.attempts, msg.deadline, False)
+        for loc, count, until in deferred.on_disk():  # waiting on disk only
+            with self.files.suspended():  # the oracle's reads never fail
+                msg_id, *_ = store.logs[topic_name].read_pub(loc)
+            out[f"{msg_id:016x}"] = (count, until, False)
         for msg in in_flight:
             out[msg.id] = (msg.attempts, None, True)
         return out
@@ -626,9 +631,7 @@ class StorageModel(RuleBasedStateMachine):
             topic = self.broker.topics[name]
             assert topic.paused == t.paused
             assert set(topic.channels) == set(t.channels)
-            held = self.pending_in_broker(topic._held, [], [], name)
-            for m, until in topic._held_later:
-                held[m.id] = (m.attempts, until, False)
+            held = self.pending_in_broker(topic._held, topic._held_later, [], name)
             assert set(held) == set(t.held), f"held in {name}"
             for msg_id, p in t.held.items():
                 if p.until is not None:
@@ -636,7 +639,7 @@ class StorageModel(RuleBasedStateMachine):
             for cname, c in t.channels.items():
                 channel = topic.channels[cname]
                 assert channel.paused == c.paused
-                got = self.pending_in_broker(channel._ready, channel._deferred.live(),
+                got = self.pending_in_broker(channel._ready, channel._deferred,
                                              channel._in_flight.live(), name)
                 assert set(got) == set(c.pending), f"pending in {name}/{cname}"
                 for msg_id, p in c.pending.items():

@@ -316,3 +316,26 @@ def test_a_publish_encoded_in_one_pass_is_byte_for_byte_one_pub_record_per_messa
                       for i, ts, body, at, exp in zip(ids, stamps, bodies, deliver_ats, expiries)]
         assert data == b"".join(one_by_one)
         assert starts == [sum(len(r) for r in one_by_one[:k]) for k in range(6)]
+
+
+def test_replay_time_grows_with_the_log_not_with_deletes_times_backlog():
+    # 20,000 pending messages, then 1,000 channels made and deleted (and as many EMPTYs):
+    # a replay that walked every slot at each would take 2,000 x 20,000 steps.
+    import time
+
+    def replay_of(cycles: int) -> float:
+        replay = Replay("t")
+        head = scanned(records.channel_op(records.CREATE, "work"),
+                       *(records.pub(i, i, 0, False, b"x") for i in range(1, 20_001)))
+        churn = scanned(*(op for _ in range(cycles) for op in (
+            records.channel_op(records.CREATE, "tmp"), records.empty("tmp"),
+            records.channel_op(records.DELETE, "tmp"))))
+        started = time.perf_counter()
+        for record in head + churn:
+            replay.read(1, record)
+        assert replay.count() == 20_000 and len(list(replay.pending("work"))) == 20_000
+        return time.perf_counter() - started
+
+    without = min(replay_of(0) for _ in range(3))
+    with_churn = min(replay_of(1_000) for _ in range(3))
+    assert with_churn < 3 * without + 0.05

@@ -457,6 +457,9 @@ def test_a_held_dpub_moved_out_of_an_old_file_keeps_its_time_once_it_reaches_cha
     clock = ManualClock()
     broker = start(tmp_path, clock)
     broker.create_channel("events", "work")
+    for _ in range(20):  # consumed: bytes of the first file that copying it lets go of
+        broker.publish("events", b"f" * 100)
+    drain(broker, "events", "work")
     broker.topic("events").pause()
     later = broker.publish("events", b"later", defer_ms=5000)
     for _ in range(2):  # each start opens a file: three files, the first held by one copy
@@ -525,6 +528,78 @@ def test_a_topic_deleted_and_made_anew_gets_its_own_second_before_a_file_is_copi
     clock.advance(1)
     broker.storage.tick()          # a second later it is
     assert min(broker.storage.logs["events"].refs) > head
+
+
+def test_an_idle_backlog_is_never_copied_to_the_end_of_the_log(tmp_path):
+    # Every file holds a few hundred pending messages and nothing else: copying the
+    # oldest out would let go of no more than it writes, so nothing is copied, ever.
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=4096, mem_queue_size=5)
+    broker.create_channel("events", "work")
+    ids = [broker.publish("events", b"%04d" % i * 25) for i in range(200)]
+    broker.storage.flush()
+    log_dir = tmp_path / "topics" / "t-events"
+    files = sorted(p.name for p in log_dir.glob("*.log"))
+    assert len(files) > 3
+    for _ in range(30):
+        clock.advance(1)
+        broker.storage.tick()
+    assert broker.topic("events").stats().rewritten_bytes == 0
+    assert sorted(p.name for p in log_dir.glob("*.log")) == files
+    assert list(drain(broker, "events", "work")) == ids
+
+
+def test_copies_out_of_old_files_write_at_most_half_of_what_else_is_written(tmp_path):
+    # A consumer that defers one message in thirty for an hour and FINs the rest: old
+    # files are kept by a few messages each and copied out, so they go, but the bytes
+    # copied stay under 1/(RELOCATE_GAIN - 2) of every other byte written to the log.
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=4096, mem_queue_size=5)
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    for i in range(3000):
+        broker.publish("events", b"%05d" % i * 20)
+        ch.set_rdy(consumer, 10)
+        for msg_id, msg in list(consumer.in_flight.items()):
+            if int(msg.body[:5]) % 30 == 0:
+                ch.requeue(consumer, msg_id, delay=3600)
+            else:
+                ch.finish(consumer, msg_id)
+        if i % 20 == 0:
+            clock.advance(0.5)
+            broker.storage.tick()
+    for _ in range(300):
+        clock.advance(0.5)
+        broker.storage.tick()
+    topic_log = broker.storage.logs["events"]
+    rewritten = broker.topic("events").stats().rewritten_bytes
+    assert rewritten > 0, "old files were copied out"
+    assert rewritten * (store_module.RELOCATE_GAIN - 2) <= topic_log.appended - rewritten
+    assert len(topic_log.refs) < 10 < topic_log.current, "old files went"
+    assert len(drain(broker, "events", "work")) == 0   # the hundred wait out their hour
+    assert ch.deferred_count == 100
+
+
+def test_a_first_file_that_never_held_a_message_does_not_stop_old_files_being_copied_out(
+        tmp_path):
+    # Every file keeps a message or two deferred for long, so none drains by itself.
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=2048, mem_queue_size=5)
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")   # the first file: its STATE only
+    broker.multi_publish("events", [b"o" * 300] * 8)    # too big for it: the next one
+    for i in range(300):
+        broker.publish("events", f"new-{i}".encode() * 5)
+    ch.set_rdy(consumer, 1000)
+    for n, msg_id in enumerate(list(consumer.in_flight)):
+        if n % 15 == 0:
+            ch.requeue(consumer, msg_id, delay=3000)
+        else:
+            ch.finish(consumer, msg_id)
+    for _ in range(3):
+        clock.advance(1)
+        broker.storage.tick()
+    assert broker.topic("events").stats().rewritten_bytes > 0
 
 
 @pytest.mark.parametrize("failing", [1, 3])

@@ -66,6 +66,7 @@ async def abort(context, err: BrokerError, prefix: str = "") -> None:
     """End the call with ``err``: its status, its message, and its code in the
     trailing metadata ``pynsq-error-code`` (``broker.errors.error_for_code``
     rebuilds the exception from it)."""
+    err.__traceback__ = err.__context__ = None  # the frames of the refused request go now
     await context.abort(status_of(err), prefix + str(err),
                         trailing_metadata=((ERROR_CODE_METADATA, err.code),))
 

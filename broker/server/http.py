@@ -428,13 +428,14 @@ def _latency(values: list[tuple[float, float]], count: int) -> dict:
 def _topic_json(t) -> dict:
     return {
         "topic_name": t.name, "depth": t.depth, "backend_depth": t.on_disk_count,
-        "disk_bytes": t.disk_bytes, "disk_read_errors": t.disk_read_errors,
+        "disk_bytes": t.disk_bytes, "rewritten_bytes": t.rewritten_bytes,
+        "disk_read_errors": t.disk_read_errors, "memory_count": t.memory_count,
         "message_count": t.message_count, "message_bytes": t.message_bytes, "paused": t.paused,
         "ttl_ms": t.ttl_ms,
         "e2e_processing_latency": _latency(t.e2e_processing_latency, t.message_count),
         "channels": [{
             "channel_name": c.name, "depth": c.depth, "backend_depth": c.on_disk_count,
-            "disk_bytes": c.disk_bytes,
+            "disk_bytes": c.disk_bytes, "memory_count": c.memory_count,
             "in_flight_count": c.in_flight_count, "deferred_count": c.deferred_count,
             "message_count": c.message_count, "requeue_count": c.requeue_count,
             "timeout_count": c.timeout_count, "client_count": len(c.clients), "paused": c.paused,

@@ -336,6 +336,7 @@ class V2Connection(asyncio.Protocol):
             self.transport.abort()
 
     def _error(self, err: BrokerError) -> None:
+        err.__traceback__ = err.__context__ = None  # the frames of the refused request go now
         self.send(error_frame(err))
         if err.fatal:
             log.info("TCP client %s: %s %s", self.client_id, err.code, err.message)
@@ -678,8 +679,13 @@ class V2Connection(asyncio.Protocol):
         except BrokerError as err:   # the broker is exiting: nsqd's E_PUB_FAILED and kin
             failed = BrokerError(f"{name} failed {err.message}")
             failed.code = f"E_{name}_FAILED"
-            raise failed from None
-        self.send(OK)
+        else:
+            self.send(OK)
+            return
+        try:
+            raise failed  # raised outside the handler, the refusal's frames are not its context
+        finally:
+            del failed    # nor does this frame keep it: no cycle holds the request
 
     def _nop(self, params: list[bytes], pos: int) -> int:
         return pos

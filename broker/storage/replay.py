@@ -7,6 +7,12 @@ tens of megabytes, not hundreds. Ids grow along the log, so a slot is found by
 bisection; the few that do not (a MOVE of a message whose PUB is gone) are
 looked up in a dict. Per-copy delivery counts and deferrals, which
 few messages have, live in small dicts. Pure: it reads records, touches no file.
+
+Deleting or emptying a channel touches no slot, so a start takes time linear in
+the log however many times channels come and go: each slot keeps the epoch its
+mask was written at, each channel the epoch it began at (made, or last
+emptied), and a slot's bit counts for a channel only when the slot's epoch is
+no older than the channel's.
 """
 
 from __future__ import annotations
@@ -36,24 +42,49 @@ class Replay:
         self._out_of_order: dict[int, int] = {}  # id -> slot, for the others
         self._locs = array("q")
         self._due = array("q")
+        # Past 63 channels a list of Python ints (see ``_new_bit``).
         self._masks: array | list[int] = array("Q")
+        self._stamps = array("I")                # the epoch each slot's mask was set in
         self._held: list[int] = []               # slots that may have the HELD bit
         self._attempts: dict[tuple[int, int], int] = {}
         self._deferred: dict[tuple[int, int], int] = {}
         self.damage: Counter[str] = Counter()    # what damaged records cost, counted
         self._free_bits: list[int] = []          # bits of deleted channels, to reuse
         self._next_bit = 1
+        self._epoch = 0                          # one more at each channel made, deleted, emptied
+        self._born: dict[int, int] = {HELD: 0}   # a live channel's bit -> the epoch it began at
+        self._valid: dict[int, int] = {}         # slot epoch -> the bits that count in it
+        self._live_mask = 0
 
     # -- channels -------------------------------------------------------------
     def _live(self) -> int:
-        mask = 0
-        for bit in self.channels.values():
-            mask |= bit
-        return mask
+        return self._live_mask
+
+    def _begin(self, bit: int) -> None:
+        """``bit`` means a channel with nothing pending from now on (made, or emptied)."""
+        self._epoch += 1
+        self._born[bit] = self._epoch
+        self._valid.clear()
+
+    def _valid_bits(self, stamp: int) -> int:
+        """The bits that count in a slot whose mask was set in epoch ``stamp``."""
+        bits = self._valid.get(stamp)
+        if bits is None:
+            bits = 0
+            for bit, born in self._born.items():
+                if born <= stamp:
+                    bits |= bit
+            self._valid[stamp] = bits
+        return bits
+
+    def _counts(self, slot: int, bit: int) -> bool:
+        return bool(self._masks[slot] & bit) and self._stamps[slot] >= self._born.get(bit, 1 << 32)
 
     def _create(self, name: str, paused: bool = False) -> None:
         if name not in self.channels:
-            self.channels[name] = self._new_bit()
+            bit = self.channels[name] = self._new_bit()
+            self._live_mask |= bit
+            self._begin(bit)
         self.paused.setdefault(name, paused)
 
     def _new_bit(self) -> int:
@@ -71,16 +102,19 @@ class Replay:
         bit = self.channels.pop(name, None)
         self.paused.pop(name, None)
         if bit is not None:
-            self._clear(bit)
+            self._live_mask &= ~bit
+            del self._born[bit]
+            self._epoch += 1
+            self._valid.clear()
             self._free_bits.append(bit)
 
-    def _clear(self, bit: int, slots=None) -> None:
-        masks, keep = self._masks, ~bit
-        for slot in (range(len(masks)) if slots is None else slots):
+    def _clear_held(self) -> None:
+        masks, keep = self._masks, ~HELD
+        for slot in self._held:
             masks[slot] &= keep
-        for overrides in (self._attempts, self._deferred):
-            for key in [k for k in overrides if k[1] == bit]:
-                del overrides[key]
+            self._attempts.pop((slot, HELD), None)
+            self._deferred.pop((slot, HELD), None)
+        self._held = []
 
     # -- records --------------------------------------------------------------
     def _find(self, msg_id: int) -> int | None:
@@ -102,8 +136,10 @@ class Replay:
             self._locs.append(loc)
             self._due.append(due)
             self._masks.append(mask)
+            self._stamps.append(self._epoch)
         else:
             self._locs[slot], self._due[slot], self._masks[slot] = loc, due, mask
+            self._stamps[slot] = self._epoch
         if mask & HELD:
             self._held.append(slot)
         return slot
@@ -131,13 +167,13 @@ class Replay:
             if bit is not None:
                 for msg_id, attempts in entries:
                     slot = self._find(msg_id)
-                    if slot is not None and self._masks[slot] & bit:
+                    if slot is not None and self._counts(slot, bit):
                         self._attempts[(slot, bit)] = attempts
         elif kind == records.DEFER:
             channel, msg_id, deliver_at, attempts = record.defer()
             bit = self.channels.get(channel)
             slot = self._find(msg_id)
-            if bit is not None and slot is not None and self._masks[slot] & bit:
+            if bit is not None and slot is not None and self._counts(slot, bit):
                 self._attempts[(slot, bit)] = attempts
                 self._deferred[(slot, bit)] = deliver_at
         elif kind == records.FLUSH:
@@ -145,10 +181,9 @@ class Replay:
         elif kind == records.EMPTY:
             channel = record.channel()
             if not channel:
-                self._clear(HELD, self._held)
-                self._held = []
+                self._clear_held()
             elif channel in self.channels:
-                self._clear(self.channels[channel])
+                self._begin(self.channels[channel])
         elif kind == records.CHANNEL:
             op, channel = record.channel_op()
             if op == records.CREATE:
@@ -195,17 +230,21 @@ class Replay:
         """What the topic held goes to its durable channels."""
         if not self._held:
             return
-        live, masks = self._live(), self._masks
+        live, masks, stamps, epoch = self._live(), self._masks, self._stamps, self._epoch
         bits = list(self.channels.values())
         for slot in self._held:
             if masks[slot] & HELD:
-                masks[slot] = (masks[slot] & ~HELD) | live
-                # A held copy's own time (from a MOVE) goes with it to each channel.
+                kept = masks[slot] & self._valid_bits(stamps[slot]) & ~HELD
+                masks[slot], stamps[slot] = kept | live, epoch
+                # A held copy's own time (from a MOVE) goes with it to each channel; a
+                # channel's time from before it began (an old bit) goes.
                 for overrides in (self._attempts, self._deferred):
                     value = overrides.pop((slot, HELD), None)
-                    if value is not None:
-                        for bit in bits:
+                    for bit in bits:
+                        if value is not None:
                             overrides[(slot, bit)] = value
+                        elif not kept & bit:
+                            overrides.pop((slot, bit), None)
         self._held = []
 
     def damaged(self, span: bytes) -> None:
@@ -236,24 +275,25 @@ class Replay:
         """(location, attempts, deliver-at) of each message pending in ``channel``
         (None: held by the topic), in log order."""
         bit = HELD if channel is None else self.channels[channel]
+        born = self._born[bit]
         attempts, deferred = self._attempts, self._deferred
-        locs, due = self._locs, self._due
+        locs, due, stamps = self._locs, self._due, self._stamps
         for slot, mask in enumerate(self._masks):
-            if mask & bit:
+            if mask & bit and stamps[slot] >= born:
                 yield (locs[slot], attempts.get((slot, bit), 0),
                        deferred.get((slot, bit), due[slot]))
 
     def copies_per_segment(self) -> dict[int, int]:
         """Segment -> pending copies in it (the topic's hold counting one)."""
         counts: dict[int, int] = {}
-        live = self._live() | HELD
-        for loc, mask in zip(self._locs, self._masks):
-            mask &= live
+        valid = self._valid_bits
+        for loc, mask, stamp in zip(self._locs, self._masks, self._stamps):
+            mask &= valid(stamp)
             if mask:
                 seg = segment_of(loc)
                 counts[seg] = counts.get(seg, 0) + mask.bit_count()
         return counts
 
     def count(self) -> int:
-        live = self._live() | HELD
-        return sum((m & live).bit_count() for m in self._masks)
+        valid = self._valid_bits
+        return sum((m & valid(s)).bit_count() for m, s in zip(self._masks, self._stamps))

@@ -70,6 +70,7 @@ class TopicLog:
         self.retired: list[int] = []        # rolled-over fds, to fsync and close off the loop
         self.deleted: list[Path] = []       # reclaimed segments, to unlink off the loop
         self.on_reclaim: Callable[[int], None] | None = None
+        self.appended = 0                   # bytes appended since the start (STATEs aside)
 
     def segment_numbers(self) -> list[int]:
         return sorted(int(name[:-4]) for name in self.files.listdir(str(self.dir))
@@ -128,6 +129,7 @@ class TopicLog:
         finally:
             self._size = self.sizes[self.current] = self.files.size(self._fd)
         self.dirty = True
+        self.appended += len(data)
         return location(self.current, offset)
 
     @property
@@ -137,6 +139,18 @@ class TopicLog:
     def bytes_from(self, seg: int) -> int:
         """Bytes of segment ``seg`` and every newer one: what a copy in ``seg`` pins."""
         return sum(size for s, size in self.sizes.items() if s >= seg)
+
+    def freed_by(self, seg: int) -> int:
+        """Bytes deleted once ``seg`` (the oldest) holds nothing: it and the newer
+        segments that hold nothing either, up to the first that does."""
+        freed = 0
+        for s in sorted(self.sizes):
+            if s < seg:
+                continue
+            if s != seg and (s >= self.current or self.refs.get(s, 0) > 0):
+                break
+            freed += self.sizes[s]
+        return freed
 
     def take_sync_work(self) -> tuple[int, list[int], list[Path]]:
         """(fd to fsync, retired fds to fsync and close, files to delete) for the

@@ -72,6 +72,12 @@ log = logging.getLogger("pynsqd")
 # consumers are reading through drains by itself.
 RELOCATE_AT_MOST = 1024
 RELOCATE_AFTER = 1.0
+# ... and only when what the copy writes is at most 1/RELOCATE_GAIN of the bytes it lets
+# go (the file and the drained ones after it). Each byte of the log is let go once, so
+# the bytes copied stay under 1/(RELOCATE_GAIN - 2) of all other bytes written (a half),
+# and a file is kept only while over a quarter of it is pending: an idle backlog, which
+# would let go of nothing, is never copied round and round.
+RELOCATE_GAIN = 4
 # Bytes of a log file read at once at start.
 SCAN_BLOCK = 4 << 20
 # After a read of messages waiting on disk fails (EMFILE, EIO, ...), its channel waits
@@ -160,6 +166,11 @@ class Store:
 
     def disk_bytes(self, topic: "Topic") -> int:
         """Bytes of the topic's files on disk."""
+        return 0
+
+    def rewritten_bytes(self, topic: "Topic") -> int:
+        """Bytes of the topic's pending messages copied to the end of its log since the
+        start (so that an old file could go)."""
         return 0
 
     def pinned_bytes(self, channel: "Channel", oldest: Callable[[], int]) -> int:
@@ -265,6 +276,9 @@ class DiskStore(Store):
         self._dedupe: dict[str, dict[int, list[bytes]]] = {}
         # topic -> (its oldest segment, copies holding it, since when) while few hold it
         self._oldest: dict[str, tuple[int, int, float]] = {}
+        # topic -> (segment, copies, bytes a copy would write) of a copy found not worth it
+        self._not_worth: dict[str, tuple[int, int, int]] = {}
+        self.rewritten: Counter[str] = Counter()  # topic -> bytes copied to the log's end
         self._unsynced = 0
         self._last_sync = time.monotonic()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="pynsq-storage")
@@ -513,6 +527,9 @@ class DiskStore(Store):
         topic_log = self.logs.get(topic.name)
         return topic_log.disk_bytes if topic_log is not None else 0
 
+    def rewritten_bytes(self, topic: "Topic") -> int:
+        return self.rewritten.get(topic.name, 0)
+
     def pinned_bytes(self, channel: "Channel", oldest: Callable[[], int]) -> int:
         topic_log = self.logs.get(channel.topic.name)
         if topic_log is None:
@@ -560,6 +577,8 @@ class DiskStore(Store):
         self._logged.pop(topic.name, None)
         self._dedupe.pop(topic.name, None)
         self._oldest.pop(topic.name, None)   # a topic made anew under the name starts over
+        self._not_worth.pop(topic.name, None)
+        self.rewritten.pop(topic.name, None)
         self._read_backoff.pop(topic.name, None)
         self.logs.pop(topic.name, None)
 
@@ -713,6 +732,7 @@ class DiskStore(Store):
     def _relocate_stragglers(self) -> None:
         now = self.broker.clock.monotonic()
         for name, topic_log in list(self.logs.items()):
+            topic_log.reclaim()  # a head file that never held a message (only a STATE)
             refs = topic_log.refs
             head = min(refs) if len(refs) >= 3 else -1
             count = refs.get(head, 0)
@@ -725,6 +745,10 @@ class DiskStore(Store):
                 continue
             if now - seen[2] < RELOCATE_AFTER:
                 continue
+            known = self._not_worth.get(name)
+            if (known is not None and known[:2] == (head, count)
+                    and known[2] * RELOCATE_GAIN > topic_log.freed_by(head)):
+                continue  # the same copies, and still not enough to let go of
             del self._oldest[name]
             topic = self.broker.topics.get(name)
             if topic is not None:
@@ -757,12 +781,18 @@ class DiskStore(Store):
             for loc, entry in by_loc.items():
                 msg_id, ts, body, expires = topic_log.read_pub(loc)
                 parts.append(records.move(msg_id, ts, entry, body, expires))
+            size = sum(map(len, parts))
+            if size * RELOCATE_GAIN > topic_log.freed_by(seg):
+                self._not_worth[topic.name] = (seg, count, size)
+                return
             queued, prefix = self._encode_queued(topic.name)
             start = topic_log.append(prefix + b"".join(parts))
         except (OSError, records.DamagedRecord) as err:
             log.error("%s: could not move what segment %d holds: %s", topic_log.dir, seg, err)
             return
         self._written(topic.name, queued)
+        self._not_worth.pop(topic.name, None)
+        self.rewritten[topic.name] += size
         moved, loc = {}, start + len(prefix)
         for old, part in zip(by_loc, parts):
             moved[old] = loc
@@ -980,15 +1010,31 @@ class DiskStore(Store):
         return replay.count()
 
     def _queues(self, topic: "Topic", entries: Iterable[tuple[int, int, int]], now_ns: int
-                ) -> tuple[list[Message], array, list[tuple[Message, float]]]:
-        """(ready in memory, ready on disk only, deferred with seconds left)."""
+                ) -> tuple[list[Message], array, list[tuple[Message, float]], array | None,
+                           Iterable[tuple[int, int, float]]]:
+        """What ``Channel.restore`` takes: ready in memory, ready on disk only, deferred in
+        memory with seconds left, the delivery counts of those ready on disk only (None:
+        all 0), and (loc, attempts, seconds left) of those deferred on disk only. At
+        most ``spill_limit`` ready and as many deferred are read into memory."""
         ready: list[Message] = []
         on_disk = array("q")
+        on_disk_attempts: array | None = None
         deferred: list[tuple[Message, float]] = []
+        later_locs, later_attempts, later_delays = array("q"), array("H"), array("d")
         limit = self.spill_limit
         for loc, attempts, deliver_at in entries:
-            if deliver_at <= now_ns and not attempts and (on_disk or len(ready) >= limit):
+            if deliver_at > now_ns:
+                if len(deferred) >= limit:
+                    later_locs.append(loc)
+                    later_attempts.append(attempts)
+                    later_delays.append((deliver_at - now_ns) / 1e9)
+                    continue
+            elif on_disk or len(ready) >= limit:
+                if attempts and on_disk_attempts is None:
+                    on_disk_attempts = array("H", bytes(2 * len(on_disk)))
                 on_disk.append(loc)
+                if on_disk_attempts is not None:
+                    on_disk_attempts.append(attempts)
                 continue
             try:
                 msg = self.load(topic, loc)
@@ -1003,7 +1049,8 @@ class DiskStore(Store):
                 deferred.append((msg, (deliver_at - now_ns) / 1e9))
             else:
                 ready.append(msg)
-        return ready, on_disk, deferred
+        return (ready, on_disk, deferred, on_disk_attempts,
+                zip(later_locs, later_attempts, later_delays))
 
     def abandon(self) -> None:
         """Let go of the data path writing nothing more: what ``kill -9`` leaves

@@ -1,0 +1,135 @@
+"""Memory past ``--mem-queue-size``, for every state a message can wait in: a channel
+keeps at most that many ready messages in memory (plus what it reads ahead and what a
+consumer gave back), and as many deferred ones; the rest wait on disk as their place
+in the log, with their delivery count and due time, at run time and after a restart.
+Checked with ``memory_count``, the stat of messages whose body the broker holds."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.backlog import SLACK
+from broker.clock import ManualClock
+
+from .corekit import Recorder
+from .test_storage_recovery import RESTARTS, drain, start
+
+LIMIT = 5
+
+
+def memory_count(broker, topic="events", channel="work") -> int:
+    stats = broker.topic(topic).stats()
+    return stats.channels[0].memory_count if channel else stats.memory_count
+
+
+def test_requeued_messages_wait_on_disk_past_mem_queue_size_with_their_attempts(tmp_path):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, mem_queue_size=LIMIT)
+    ids = broker.multi_publish("events", [b"m%03d" % i * 100 for i in range(300)])
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    ch.set_rdy(consumer, 300)
+    ch.set_rdy(consumer, 0)
+    assert len(consumer.received) == 300
+    for msg_id in ids:
+        ch.requeue(consumer, msg_id)
+    assert ch.depth == 300
+    assert memory_count(broker) <= LIMIT
+    ch.set_rdy(consumer, 300)
+    again = consumer.received[300:]
+    assert [m.id for m in again] == ids
+    assert [m.attempts for m in again] == [2] * 300
+    assert [m.body for m in again] == [b"m%03d" % i * 100 for i in range(300)]
+
+
+def test_timed_out_messages_wait_on_disk_past_mem_queue_size_with_their_attempts(tmp_path):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, mem_queue_size=LIMIT)
+    ids = broker.multi_publish("events", [b"m%03d" % i for i in range(300)])
+    consumer = Recorder(broker, msg_timeout_ms=1000)
+    ch = broker.subscribe(consumer, "events", "work")
+    ch.set_rdy(consumer, 300)
+    ch.set_rdy(consumer, 0)
+    clock.advance(2)
+    broker.tick()
+    assert ch.timeout_count == 300 and ch.depth == 300
+    assert memory_count(broker) <= LIMIT
+    ch.set_rdy(consumer, 300)
+    assert consumer.ids[300:] == ids
+    assert [m.attempts for m in consumer.received[300:]] == [2] * 300
+
+
+def test_a_consumer_that_leaves_gives_back_its_messages_to_disk_past_the_slack(tmp_path):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, mem_queue_size=LIMIT, max_rdy_count=3 * SLACK)
+    ids = broker.multi_publish("events", [b"m%04d" % i for i in range(3 * SLACK)])
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    ch.set_rdy(consumer, 3 * SLACK)
+    ch.remove_consumer(consumer)
+    assert ch.depth == 3 * SLACK
+    assert memory_count(broker) <= LIMIT + SLACK
+    assert list(drain(broker, "events", "work")) == ids
+
+
+@pytest.mark.parametrize("stop", RESTARTS)
+def test_deferred_messages_wait_on_disk_past_mem_queue_size_across_restarts(tmp_path, stop):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, mem_queue_size=LIMIT)
+    broker.create_channel("events", "work")
+    dpub = [broker.publish("events", b"d%03d" % i, defer_ms=60_000) for i in range(200)]
+    ids = broker.multi_publish("events", [b"r%03d" % i for i in range(200)])
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    ch.set_rdy(consumer, 200)
+    for msg_id in ids:
+        ch.requeue(consumer, msg_id, delay=30)
+    assert ch.deferred_count == 400
+    assert memory_count(broker) <= LIMIT
+    stop(broker)
+    broker = start(tmp_path, clock, mem_queue_size=LIMIT)
+    ch = broker.channel("events", "work")
+    assert ch.deferred_count == 400
+    assert memory_count(broker) <= LIMIT
+    clock.advance(29)
+    broker.tick()
+    assert drain(broker, "events", "work") == {}
+    clock.advance(2)
+    broker.tick()
+    consumer = Recorder(broker)
+    broker.subscribe(consumer, "events", "work").set_rdy(consumer, 1000)
+    assert consumer.ids == ids                # REQed: due after 30 s, attempts kept
+    assert [m.attempts for m in consumer.received] == [2] * 200
+    consumer.fin_all()
+    ch.remove_consumer(consumer)
+    clock.advance(30)
+    broker.tick()
+    back = drain(broker, "events", "work")
+    assert list(back) == dpub
+    assert list(back.values()) == [b"d%03d" % i for i in range(200)]
+
+
+def test_a_topic_without_channels_holds_its_deferred_messages_on_disk(tmp_path):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, mem_queue_size=LIMIT)
+    dpub = [broker.publish("events", b"d%03d" % i, defer_ms=10_000) for i in range(200)]
+    assert broker.topic("events").depth == 200
+    assert memory_count(broker, channel=None) <= LIMIT
+    broker.create_channel("events", "work")
+    assert broker.channel("events", "work").deferred_count == 200
+    assert memory_count(broker) <= LIMIT
+    clock.advance(11)
+    broker.tick()
+    assert list(drain(broker, "events", "work")) == dpub
+
+
+def test_held_deferred_messages_on_disk_that_came_due_are_ready_once_a_channel_exists(tmp_path):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, mem_queue_size=LIMIT)
+    dpub = [broker.publish("events", b"d%03d" % i, defer_ms=5000) for i in range(20)]
+    clock.advance(30)
+    broker.tick()
+    broker.create_channel("events", "work")
+    ch = broker.channel("events", "work")
+    assert (ch.depth, ch.deferred_count) == (20, 0)
+    assert sorted(drain(broker, "events", "work")) == sorted(dpub)
