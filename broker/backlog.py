@@ -196,11 +196,11 @@ class Backlog:
         else:
             items.append(OnDisk((loc,), (attempts,) if attempts else None))
 
-    def push_front(self, msgs: list[Message]) -> None:
+    def push_front(self, msgs: list[Message], keep: bool = False) -> None:
         """Put messages back ahead of the rest (held ones that come back); past the limit
-        and the read-ahead allowance, those on disk wait there."""
+        and the read-ahead allowance, those on disk wait there, unless ``keep``."""
         limit = self.limit
-        room = len(msgs) if limit is None else limit + SLACK - self._in_memory
+        room = len(msgs) if limit is None or keep else limit + SLACK - self._in_memory
         if room < len(msgs):
             front: list[Entry] = list(msgs[:max(room, 0)])
             run = None

@@ -180,7 +180,7 @@ class Channel:
             self._in_flight.cancel(msg)
             msg.consumer = None
         self.requeue_count += len(held)
-        self._ready.push_front(held)
+        self._ready.push_front(held, keep=holder.keeps_given_back)
         self._pump()
 
     def wake(self) -> None:
@@ -350,13 +350,19 @@ class Channel:
         """Requeue timed-out messages; release deferred messages that are due.
         Returns whether deadlines remain."""
         timed_out = list(self._in_flight.pop_due(now))
+        kept: list[Message] = []    # a lease's: at the front, in memory (keeps_given_back)
         for msg in timed_out:
             holder = msg.consumer
             if holder is not None:
                 holder.in_flight.pop(msg.id, None)
             msg.consumer = None
             self.timeout_count += 1
-            self._ready.append(msg)
+            if holder is not None and holder.keeps_given_back:
+                kept.append(msg)
+            else:
+                self._ready.append(msg)
+        if kept:
+            self._ready.push_front(kept, keep=True)
         due, due_on_disk = self._deferred.pop_due(now)
         self._ready.extend(due)
         if due_on_disk:

@@ -33,6 +33,12 @@ _ids = itertools.count(1)
 
 
 class Consumer:
+    # Whether what it gives back (requeued or timed out) stays in memory past
+    # --mem-queue-size, at the front, for its owner to take back: a lease's messages
+    # must all be there for a replay to read the same rows. They were in memory while in
+    # flight, so keeping them adds nothing to what the broker held.
+    keeps_given_back = False
+
     def __init__(self, on_message: Callable[[Message], None], *, msg_timeout: float,
                  client_id: str = "", identity: ClientIdentity | None = None,
                  on_messages: Callable[[list[Message]], None] | None = None) -> None:

@@ -102,6 +102,8 @@ class HeldMessages(MutableMapping):
 class Lease(Consumer):
     """A holder outside any channel's round-robin; its messages are its in-flight."""
 
+    keeps_given_back = True
+
     def __init__(self, session: "LeaseSession", *, msg_timeout: float) -> None:
         super().__init__(_ignore, msg_timeout=msg_timeout, client_id=session.client_id)
         self.in_flight: HeldMessages = HeldMessages()  # type: ignore[assignment]

@@ -148,3 +148,28 @@ def test_a_lease_kept_across_a_crash_still_answers_to_its_owner_alone(tmp_path):
     broker = start(tmp_path, clock)
     assert broker.restore_leases(LeaseJournal(tmp_path / "leases.journal")) == 1
     assert broker.lease_scope(lease.lease_id) == ("alice", "events", "spark")
+
+
+def test_a_lease_larger_than_mem_queue_size_is_taken_back_whole_after_a_requeue_or_a_timeout(
+        tmp_path):
+    # A backlog spilled past --mem-queue-size: the messages a failed batch gives back stay
+    # where a replay can take them all back, so it reads the same rows (not the few that
+    # fit in memory and the rest later).
+    from broker.clock import ManualClock
+    from .test_storage_recovery import start
+
+    clock = ManualClock()
+    broker = start(tmp_path, clock, mem_queue_size=5)
+    broker.create_channel("events", "spark")
+    for i in range(3000):
+        broker.publish("events", b"m%d" % i)
+    session = broker.open_lease_session("driver")
+    requeued, _ = broker.reserve(session.session_id, "events", "spark", 2000, 60_000)
+    timed_out, _ = broker.reserve(session.session_id, "events", "spark", 1000, 1000)
+    assert (len(requeued.order), len(timed_out.order)) == (2000, 1000)
+    broker.requeue_leases([requeued.lease_id])
+    clock.advance(2)
+    broker.tick()
+    replay = broker.open_lease_session("driver again")
+    assert broker.adopt_leases(replay.session_id, [requeued.lease_id, timed_out.lease_id]) \
+        == (3000, [])
