@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import fcntl
 import json
 import logging
 import os
@@ -194,17 +193,10 @@ def lock_data_path(data_path: str) -> int | None:
     supervisor on the same directory is refused (as a broker's own lock does)."""
     if not data_path:
         return None
-    from .storage import DataPathLocked
+    from .storage.store import lock_data_path as lock
 
     Path(data_path).mkdir(parents=True, exist_ok=True)
-    fd = os.open(Path(data_path) / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise DataPathLocked(f"data-path {data_path} is in use by another pynsqd "
-                             f"(its LOCK file is held)") from None
-    return fd
+    return lock(data_path)
 
 
 # -- the supervisor -------------------------------------------------------------

@@ -256,6 +256,19 @@ class _Logged:
 Queued = bytes | _Batch | _Change
 
 
+
+def lock_data_path(path: "str | os.PathLike[str]") -> int:
+    """Hold ``PATH/LOCK`` (the open descriptor, kept for the holder's life): a second
+    pynsqd on the same data path is refused, naming it."""
+    fd = os.open(Path(path) / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DataPathLocked(f"data path {path} is in use by another pynsqd "
+                             f"(its LOCK file is held)") from None
+    return fd
+
 class DiskStore(Store):
     def __init__(self, broker: "Broker", options: Options,
                  files: fileops.Files | None = None) -> None:
@@ -304,14 +317,7 @@ class DiskStore(Store):
 
     # -- the lock ---------------------------------------------------------
     def _lock(self) -> int:
-        fd = os.open(self.path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise DataPathLocked(f"data path {self.path} is in use by another pynsqd "
-                                 f"(its LOCK file is held)") from None
-        return fd
+        return lock_data_path(self.path)
 
     # -- topics' logs -----------------------------------------------------
     def _dir(self, name: str) -> Path:
