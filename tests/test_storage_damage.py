@@ -104,7 +104,7 @@ def test_a_damaged_message_costs_that_message_only(tmp_path, caplog):
     clock = ManualClock()
     broker = start(tmp_path, clock)
     broker.create_channel("events", "work")
-    ids = broker.multi_publish("events", [f"m{i}".encode() * 10 for i in range(100)])
+    ids = [broker.publish("events", f"m{i}".encode() * 10) for i in range(100)]
     clean(broker)
     log_file, = files_of(tmp_path, "events")
     damage(log_file, records.PUB, 40)
@@ -116,6 +116,50 @@ def test_a_damaged_message_costs_that_message_only(tmp_path, caplog):
     assert any("topic events: damaged records skipped" in r.getMessage()
                and "1 message(s) lost to channel(s) work" in r.getMessage()
                for r in caplog.records)
+
+
+@pytest.mark.parametrize("where", [0.0, 0.3, 0.99])   # ids, publish times, bodies
+def test_a_damaged_mpub_costs_the_messages_of_that_mpub_only(tmp_path, caplog, where):
+    """An MPUB is one record with one checksum: one damaged byte loses that MPUB (it was
+    accepted whole, it is lost whole), and every message published before or after it."""
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    broker.create_channel("events", "work")
+    batches = [broker.multi_publish("events", [f"b{b}m{i}".encode() * 10 for i in range(50)])
+               for b in range(3)]
+    single = broker.publish("events", b"alone")
+    clean(broker)
+    log_file, = files_of(tmp_path, "events")
+    data = bytearray(log_file.read_bytes())
+    record = [r for r in records.scan(bytes(data), "") if r.kind == records.BATCH][1]
+    data[record.offset + records.HEADER_SIZE + 5 + int(len(record.payload[5:]) * where)] ^= 0x10
+    log_file.write_bytes(bytes(data))
+    caplog.set_level(logging.WARNING, logger="pynsqd")
+    broker = start(tmp_path, clock)
+    assert sorted(drain(broker, "events", "work")) == sorted(batches[0] + batches[2] + [single])
+    assert any("topic events: damaged records skipped" in r.getMessage()
+               and "50 message(s) lost to channel(s) work" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_an_mpub_damaged_after_the_start_loses_its_messages_and_frees_their_file(tmp_path):
+    """Found damaged when read back from disk (past --mem-queue-size), each message of the
+    MPUB is lost on its own: the others are delivered, and once they are FINed nothing
+    holds the file (no copy of the lost ones is left counted)."""
+    clock = ManualClock()
+    broker = start(tmp_path, clock, mem_queue_size=10, max_bytes_per_file=4096)
+    broker.create_channel("events", "work")
+    batches = [broker.multi_publish("events", [f"b{b}m{i}".encode() * 4 for i in range(20)])
+               for b in range(4)]
+    first_file = files_of(tmp_path, "events")[0]
+    data = bytearray(first_file.read_bytes())
+    record = [r for r in records.scan(bytes(data), "") if r.kind == records.BATCH][2]
+    data[record.offset + records.HEADER_SIZE + len(record.payload) - 3] ^= 0x10
+    first_file.write_bytes(bytes(data))  # the same inode: the broker reads it back so
+    got = drain(broker, "events", "work")
+    assert sorted(got) == sorted(batches[0] + batches[1] + batches[3])
+    log_ = broker.storage.logs["events"]
+    assert not any(log_.refs.values())
 
 
 def test_a_missing_log_file_is_named_in_the_log_with_its_channels(tmp_path, caplog):

@@ -77,15 +77,19 @@ def arrive(reads: list) -> None:
 
 
 def read_back(tmp_path, files: ReadsRecorded) -> tuple[list, list, list]:
-    """3,000 messages spilled past --mem-queue-size, consumed under a running event
-    loop: (ids published, messages received, threads that read the log meanwhile)."""
+    """3,000 messages spilled past --mem-queue-size (published one to seven at a time:
+    PUB and BATCH records of a few messages), consumed under a running event loop:
+    (ids published, messages received, threads that read the log meanwhile)."""
     bodies = [f"m{i}-".encode() * (1 + i % 40) for i in range(3000)]
 
     async def run() -> tuple[list, list]:
         broker = start(tmp_path, mem_queue_size=10, max_bytes_per_file=64 << 10)
         consumer = Recorder(broker)
         ch = broker.subscribe(consumer, "events", "work")
-        ids = broker.multi_publish("events", bodies)
+        ids, at, size = [], 0, 1
+        while at < len(bodies):
+            ids += broker.multi_publish("events", bodies[at:at + size])
+            at, size = at + size, size % 7 + 1
         files.read_threads.clear()
         ch.set_rdy(consumer, 300)
         seen = 0
@@ -124,7 +128,7 @@ def test_spilled_messages_not_in_the_page_cache_are_read_off_the_event_loop_in_o
 
 
 @pytest.mark.parametrize("cached, readers", [
-    (1000, {"MainThread"}),                    # whole records, then one cut: read on from it
+    (4000, {"MainThread"}),                    # whole records, then one cut: read on from it
     (20, {"MainThread", "pynsq-read_0"}),      # not even one whole record: the thread reads
 ])
 def test_spilled_messages_the_page_cache_holds_in_part_are_read_whole_in_order(

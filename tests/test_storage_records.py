@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import logging
 import struct
+from array import array
+from collections import Counter
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from broker.storage import records
 from broker.storage.replay import Replay
-from broker.storage.segments import location
+from broker.storage.segments import Reader, location
 
 
 def scanned(*encoded: bytes) -> list[records.Record]:
@@ -84,31 +87,147 @@ def test_a_fin_of_more_ids_than_one_record_holds_is_split_and_keeps_every_id():
     assert records.fins("c", []) == []
 
 
-def test_pubs_in_reads_bodies_and_expiries_by_location_up_to_a_cut_record():
+def replayed(data: bytes, seg: int = 1) -> Replay:
+    replay = Replay("t")
+    for record in records.scan(data, "t"):
+        replay.read(seg, record)
+    return replay
+
+
+def reader_of(data: bytes, replay: Replay) -> Reader:
+    """Messages by location from ``data`` as one segment's file, with the replay's index
+    of batches (what a start hands the log)."""
+    return Reader(replay.batches, lambda seg, size, offset: data[offset:offset + size])
+
+
+def read(data: bytes, replay: Replay, locs: list[int]) -> list[tuple | None]:
+    return [m and (m.id, m.timestamp, m.body, m.expires, m.loc)
+            for m in reader_of(data, replay).messages(locs)]
+
+
+def test_a_reader_reads_pub_move_and_batch_records_by_location_up_to_a_cut_record():
     first = records.pub(1, 100, 0, False, b"one")
     second = records.pub(2, 200, 0, False, b"two", expires=999)
     fin = records.fins("c", [1])[0]
     moved = records.move(3, 300, [("c", 1, 0)], b"three", expires=5)
-    cut = records.pub(4, 400, 0, False, b"four")[:-1]
-    block = first + second + fin + moved + cut
-    base = 1 << 40
-    assert records.pubs_in(block, base) == {
-        base: (1, 100, b"one", 0),
-        base + len(first): (2, 200, b"two", 999),
-        base + len(first) + len(second) + len(fin): (3, 300, b"three", 5)}
+    batch = records.batch([f"{i:016x}" for i in (4, 5, 6)], [400, 500, 600],
+                          [b"four", b"five", b"six"], None, [0, 77, 0], False)
+    cut = records.pub(7, 700, 0, False, b"seven")[:-1]
+    data = records.channel_op(records.CREATE, "c") + first + second + fin + moved + batch + cut
+    at = len(records.channel_op(records.CREATE, "c"))
+    locs = [location(1, at + n) for n in (
+        0, len(first), len(first) + len(second) + len(fin),
+        *(len(first) + len(second) + len(fin) + len(moved) + i for i in range(3)))]
+    expected = [(f"{n:016x}", ts, body, exp, loc) for (n, ts, body, exp), loc in zip(
+        [(1, 100, b"one", 0), (2, 200, b"two", 999), (3, 300, b"three", 5),
+         (4, 400, b"four", 0), (5, 500, b"five", 77), (6, 600, b"six", 0)], locs)]
+    replay = replayed(data)
+    assert [loc for loc, _, _ in replay.pending("c")] == locs[1:]  # 1 FINed
+    assert read(data, replay, locs) == expected             # in order: a read per block
+    assert [read(data, replay, [loc])[0] for loc in reversed(locs)] == expected[::-1]
+    cut_loc = location(1, len(data) - len(cut))
+    assert read(data, replay, [*locs, cut_loc]) == [*expected, None]
 
 
-def test_pubs_in_stops_at_a_damaged_record():
+def test_a_reader_gives_none_for_a_damaged_record_and_reads_on_past_it():
     first = records.pub(1, 100, 0, False, b"one")
     damaged = bytearray(records.pub(2, 200, 0, False, b"two"))
     damaged[-1] ^= 0xFF
     moved = bytearray(records.move(3, 300, [("c", 1, 0)], b"three"))
     moved[-1] ^= 0xFF
-    assert records.pubs_in(first + bytes(damaged) + first, 0) == {0: (1, 100, b"one", 0)}
-    assert records.pubs_in(first + bytes(moved), 0) == {0: (1, 100, b"one", 0)}
-    assert records.pubs_in(b"\x00" * 66 + first, 0) == {}         # bad magic: no resync
-    assert records.pubs_in(first, 0) == {0: (1, 100, b"one", 0)}  # ends with the block
-    assert records.pubs_in(first + records.MAGIC + b"\x01", 0) == {0: (1, 100, b"one", 0)}
+    data = first + bytes(damaged) + bytes(moved) + first
+    replay = replayed(data)
+    locs = [location(1, n) for n in (0, len(first), len(first) + len(damaged),
+                                     len(data) - len(first))]
+    assert [m and m.id for m in reader_of(data, replay).messages(locs)] == [
+        f"{1:016x}", None, None, f"{1:016x}"]
+
+
+# -- BATCH: the messages of one MPUB under one checksum -------------------------
+
+IDS = [f"{n:016x}" for n in range(0x1234_5678_9abc_d000, 0x1234_5678_9abc_d000 + 5 * 1024, 1024)]
+STAMPS = [1_000 + i for i in range(5)]
+BODIES = [bytes([65 + i]) * (i + 1) * 7 for i in range(5)]
+
+
+@pytest.mark.parametrize("held", [False, True])
+@pytest.mark.parametrize("deliver_ats", [None, [0, 5_000, 0, 0, 7_000]])
+@pytest.mark.parametrize("expires", [None, [0, 0, 9_000, 0, 9_500]])
+def test_a_batch_reads_back_every_message_as_written(held, deliver_ats, expires):
+    data = records.batch(IDS, STAMPS, BODIES, deliver_ats, expires, held)
+    [record] = scanned(data)
+    assert record.kind == records.BATCH and record.offset == 0
+    batch = record.batch()
+    assert len(batch) == 5 and batch.held == held
+    assert list(batch.raw_ids()) == [int(i, 16) for i in IDS]
+    assert list(batch.timestamps) == STAMPS
+    assert [bytes(batch.data[a:b]) for a, b in zip(batch.bounds, batch.bounds[1:])] == BODIES
+    assert (None if batch.deliver_ats is None else list(batch.deliver_ats)) == deliver_ats
+    assert (None if batch.expires is None else list(batch.expires)) == expires
+    # Replay puts message i at the batch's location + i, with its own deliver-at time.
+    replay = replayed(records.channel_op(records.CREATE, "c") + data)
+    at = len(records.channel_op(records.CREATE, "c"))
+    pending = list(replay.pending(None if held else "c"))
+    assert pending == [(location(1, at + i), 0, (deliver_ats or [0] * 5)[i]) for i in range(5)]
+    assert replay.max_id == int(IDS[-1], 16)
+    assert replay.batches == {1: (array("q", [at]), array("I", [5]))}
+    got = read(records.channel_op(records.CREATE, "c") + data, replay,
+               [loc for loc, _, _ in pending])
+    assert got == [(i, ts, body, (expires or [0] * 5)[n], location(1, at + n))
+                   for n, (i, ts, body) in enumerate(zip(IDS, STAMPS, BODIES))]
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.data())
+def test_one_damaged_byte_of_a_batch_costs_its_messages_and_nothing_around_it(data):
+    before = records.pub(1, 1, 0, False, b"before")
+    batch = records.batch(IDS, STAMPS, BODIES, None, None, False)
+    after = records.batch([f"{9 << 40:016x}", f"{(9 << 40) + 1:016x}"], [2, 3], [b"a", b"b"],
+                          None, None, False)
+    head = records.channel_op(records.CREATE, "c") + before
+    at = data.draw(st.integers(0, len(batch) - 1), label="damaged byte")
+    damaged = bytearray(batch)
+    damaged[at] ^= data.draw(st.integers(1, 255), label="flipped bits")
+    log = head + bytes(damaged) + after
+    replay = Replay("t")
+    spans: list[bytes] = []
+    for record in records.scan(log, "t", damaged=lambda _, span: spans.append(span)):
+        replay.read(1, record)
+    for span in spans:
+        replay.damaged(span)
+    pending = [loc for loc, _, _ in replay.pending("c")]
+    after_at = len(head) + len(damaged)
+    assert pending == [location(1, len(head) - len(before)),
+                       location(1, after_at), location(1, after_at + 1)]
+    if at >= records.HEADER_SIZE + records.BATCH_HEAD.size:  # its count says what was lost
+        assert replay.damage == Counter({"message(s) lost to channel(s) c": 5})
+    # Read back in place (damaged after the start): None for each of its messages.
+    intact = replayed(head + batch + after)
+    locs = [location(1, len(head) + i) for i in range(5)]
+    assert read(log, intact, locs) == [None] * 5
+    assert [m.body for m in reader_of(log, intact).messages(pending)] == [b"before", b"a", b"b"]
+
+
+def test_a_log_of_one_pub_record_per_message_replays_and_reads_as_before():
+    """Logs written before BATCH records (an MPUB as one PUB record per message, byte for
+    byte what ``records.pubs`` makes) replay, and their messages read back, beside the
+    batches written since; a FIN of one message of a batch leaves the others pending."""
+    old, starts = records.pubs(IDS, STAMPS, BODIES, [0] * 5, [0] * 5, False)
+    assert old == b"".join(records.pub(int(i, 16), ts, 0, False, body)
+                           for i, ts, body in zip(IDS, STAMPS, BODIES))
+    new_ids = [f"{int(IDS[-1], 16) + 1024 * k:016x}" for k in range(1, 4)]
+    new = records.batch(new_ids, [7, 8, 9], [b"x", b"yy", b"zzz"], None, None, False)
+    head = records.state(False, {"c": False})
+    fin = records.fins_of("c", [IDS[1], new_ids[1]])
+    log = head + old + new + fin
+    replay = replayed(log, seg=4)
+    old_locs = [location(4, len(head) + s) for s in starts]
+    new_locs = [location(4, len(head) + len(old) + i) for i in range(3)]
+    pending = [loc for loc, _, _ in replay.pending("c")]
+    assert pending == [old_locs[0], *old_locs[2:], new_locs[0], new_locs[2]]
+    assert replay.copies_per_segment() == {4: 6}
+    assert [m.id for m in reader_of(log, replay).messages(pending)] == [
+        IDS[0], *IDS[2:], new_ids[0], new_ids[2]]
 
 
 def test_damaged_bytes_are_skipped_and_the_scan_resumes_at_the_next_valid_record(caplog):
@@ -160,6 +279,9 @@ ops = st.lists(st.one_of(
     st.tuples(st.just("create"), st.sampled_from(CHANNELS)),
     st.tuples(st.just("delete"), st.sampled_from(CHANNELS)),
     st.tuples(st.just("pub"), st.booleans(), st.integers(0, 3)),
+    # a batch: held or not, each message's deliver-at, its ids given in reverse or not
+    st.tuples(st.just("batch"), st.booleans(), st.lists(st.integers(0, 3), min_size=2,
+                                                        max_size=4), st.booleans()),
     st.tuples(st.just("fin"), st.sampled_from(CHANNELS), st.integers(0, 20)),
     st.tuples(st.just("attempts"), st.sampled_from(CHANNELS), st.integers(0, 20),
               st.integers(1, 9)),
@@ -216,6 +338,17 @@ def test_replay_says_what_is_pending_where_as_a_plain_model_does(steps):
             else:
                 for pending in channels.values():
                     pending[msg_id] = [loc, 0, step[2]]
+        elif kind == "batch":
+            new = list(range(len(ids) + 1, len(ids) + 1 + len(step[2])))
+            if step[3]:
+                new.reverse()
+            ids += new
+            at = location(SEG, write(records.batch(
+                [f"{i:016x}" for i in new], new, [b"x"] * len(new),
+                step[2] if any(step[2]) else None, None, step[1])))
+            for i, (msg_id, deliver_at) in enumerate(zip(new, step[2])):
+                for pending in [held] if step[1] else channels.values():
+                    pending[msg_id] = [at + i, 0, deliver_at]
         elif kind == "fin" and ids:
             msg_id = ids[step[2] % len(ids)]
             write(records.fins(step[1], [msg_id])[0])

@@ -689,3 +689,26 @@ def test_channel_settings_that_cannot_be_written_fail_and_change_nothing(tmp_pat
     ch = broker.channel("events", "work")
     assert (ch.max_attempts, ch.dead_letter_topic, broker.topic("events").ttl_ms) == (
         3, "dead", 5000)
+
+
+@pytest.mark.parametrize("stop", RESTARTS)
+def test_a_log_written_as_one_pub_record_per_message_restarts_with_every_message(tmp_path,
+                                                                                 stop):
+    """Logs of brokers from before BATCH records (an MPUB written as one PUB record per
+    message) restart as they were, and the MPUBs accepted since go beside them."""
+    clock = ManualClock()
+    directory = tmp_path / "topics" / "t-events"
+    directory.mkdir(parents=True)
+    ids = [f"{(1 << 50) + 1024 * i:016x}" for i in range(30)]
+    old, _ = records.pubs(ids, [1] * 30, [f"old{i}".encode() for i in range(30)], [0] * 30,
+                          [0] * 30, False)
+    (directory / "00000001.log").write_bytes(
+        records.state(False, {"work": False}) + old + records.fins_of("work", ids[:5]))
+    broker = start(tmp_path, clock, mem_queue_size=10)   # past 10: read back from disk
+    new = broker.multi_publish("events", [f"new{i}".encode() for i in range(30)])
+    stop(broker)
+    broker = start(tmp_path, clock, mem_queue_size=10)
+    got = drain(broker, "events", "work")
+    assert list(got) == ids[5:] + new
+    assert list(got.values()) == [f"old{i}".encode() for i in range(5, 30)] + [
+        f"new{i}".encode() for i in range(30)]

@@ -18,6 +18,11 @@ Record types, and what recovery does with each (in log order):
 - ``TOPIC``: the topic paused or unpaused;
 - ``PUB``: a message; it went to every durable channel the log names at that
   point, or, flagged ``HELD``, waits in the topic for channels;
+- ``BATCH``: the messages of one MPUB under one checksum, each as a ``PUB`` of
+  them would be (what a damaged byte costs is the whole batch: an MPUB is
+  accepted or refused whole, and so it is kept or lost whole). A message of a
+  batch is located by the batch's offset plus its index in the batch: a batch
+  is longer than its count of messages, so no two locations meet;
 - ``FLUSH``: every held message went to the durable channels named now;
 - ``FIN`` / ``DEFER`` / ``ATTEMPTS`` / ``EMPTY``: one channel's (``""``: the
   topic's held messages) finished ids, deferral, delivery counts, emptying;
@@ -27,6 +32,13 @@ Record types, and what recovery does with each (in log order):
   their attempts and deliver-at times;
 - ``CONFIG``: a channel's (``""``: the topic's) settings as JSON (dead letters,
   ttl); the latest one counts, and every segment repeats them after its STATE.
+
+A BATCH is ``[flags 1][count 4]``, then its columns: the ids (8 bytes each), the
+publish times (ns, 8 each), the body lengths (4 each), the deliver-at times
+(wall ns, 8 each) if flagged ``DEFERS``, the expiries (wall ns, 8 each) if
+flagged ``EXPIRES``, then the bodies one after the other; a message's slots in
+the columns are at its index. Columns cost a few C calls per batch to write and
+to read, where a record per message costs a header and a checksum each.
 
 A PUB flagged ``EXPIRES`` carries the message's expiry (wall ns) before its body;
 so does a MOVE whose copy count has its ``MOVE_EXPIRES`` bit set.
@@ -40,7 +52,8 @@ import sys
 import zlib
 from array import array
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from itertools import accumulate
+from typing import Callable, Iterable, Iterator
 
 log = logging.getLogger("pynsqd")
 
@@ -48,11 +61,11 @@ MAGIC = b"\xa5\x5a"
 HEADER = struct.Struct(">2sBII")          # magic, type, payload length, crc32
 HEADER_SIZE = HEADER.size
 
-PUB, FIN, DEFER, ATTEMPTS, EMPTY, CHANNEL, TOPIC, STATE, FLUSH, DEDUPE, MOVE, CONFIG = \
-    range(1, 13)
+PUB, FIN, DEFER, ATTEMPTS, EMPTY, CHANNEL, TOPIC, STATE, FLUSH, DEDUPE, MOVE, CONFIG, BATCH = \
+    range(1, 14)
 CREATE, DELETE, PAUSE, UNPAUSE = 1, 2, 3, 4
 
-HELD, EXPIRES = 1, 2
+HELD, EXPIRES, DEFERS = 1, 2, 4
 # PUB: id, publish ns, deliver-at wall ns (0: at once), flags, [expires-at wall ns
 # if EXPIRES], then the body.
 PUB_HEAD = struct.Struct(">QqqB")
@@ -119,6 +132,83 @@ def pubs(ids: list[str], timestamps: list[int], bodies: list[bytes], deliver_ats
         parts += (pack_header(MAGIC, PUB, length, crc32(body, crc32(head, seed))), head, body)
         at += HEADER_SIZE + length
     return b"".join(parts), starts
+
+
+BATCH_HEAD = struct.Struct(">BI")         # flags, count
+_BIG = sys.byteorder == "little"          # the columns' integers are big-endian on disk
+
+
+def _column(typecode: str, values: Iterable[int]) -> bytes:
+    """``values`` as big-endian integers of ``typecode``'s size, in one C pass."""
+    column = array(typecode, values)
+    if _BIG:
+        column.byteswap()
+    return column.tobytes()
+
+
+def batch(ids: list[str], timestamps: list[int], bodies: list[bytes],
+          deliver_ats: list[int] | None, expires: list[int] | None, held: bool) -> bytes:
+    """One BATCH record of several messages (ids given as 16 hex digits, as messages carry
+    them); ``deliver_ats`` and ``expires``: None when every one is 0."""
+    flags = ((HELD if held else 0) | (DEFERS if deliver_ats else 0)
+             | (EXPIRES if expires else 0))
+    parts = [BATCH_HEAD.pack(flags, len(ids)), bytes.fromhex("".join(ids)),
+             _column("q", timestamps), _column("I", map(len, bodies))]
+    if deliver_ats:
+        parts.append(_column("q", deliver_ats))
+    if expires:
+        parts.append(_column("q", expires))
+    parts += bodies
+    return encode(BATCH, b"".join(parts))
+
+
+@dataclass(slots=True)
+class Batch:
+    """A BATCH record's columns, read in one pass: message ``i`` is ``ids[16i:16i+16]``
+    (hex), published at ``timestamps[i]``, its body ``data[bounds[i]:bounds[i + 1]]``."""
+    held: bool
+    ids: str
+    timestamps: array
+    bounds: list[int]
+    data: bytes
+    deliver_ats: array | None
+    expires: array | None
+
+    def __len__(self) -> int:
+        return len(self.timestamps)
+
+    def raw_ids(self) -> array:
+        """The ids as numbers."""
+        out = array("Q", bytes.fromhex(self.ids))
+        if _BIG:
+            out.byteswap()
+        return out
+
+
+def read_batch(data: "bytes | memoryview", start: int, stop: int) -> Batch:
+    """The columns of the BATCH payload at ``data[start:stop]`` (checked already);
+    ``DamagedRecord`` if they do not add up to it."""
+    flags, n = BATCH_HEAD.unpack_from(data, start)
+    pos = start + BATCH_HEAD.size
+    at = pos + 8 * n
+    columns: list[array | None] = []
+    for typecode, size, present in (("q", 8, True), ("I", 4, True), ("q", 8, flags & DEFERS),
+                                    ("q", 8, flags & EXPIRES)):
+        if not present:
+            columns.append(None)
+            continue
+        column = array(typecode)
+        column.frombytes(data[at:at + n * size])
+        if _BIG:
+            column.byteswap()
+        columns.append(column)
+        at += n * size
+    timestamps, lengths, deliver_ats, expires = columns
+    bounds = list(accumulate(lengths, initial=at))
+    if at > stop or bounds[-1] != stop or len(timestamps) != n:
+        raise DamagedRecord(f"a batch of {n} messages whose columns do not fill it")
+    return Batch(bool(flags & HELD), data[pos:pos + 8 * n].hex(), timestamps, bounds,
+                 data, deliver_ats, expires)
 
 
 def fins(channel: str, msg_ids: list[int]) -> list[bytes]:
@@ -222,38 +312,6 @@ class DamagedRecord(Exception):
     """A record that fails its check."""
 
 
-def pubs_in(block: bytes, first_loc: int) -> dict[int, tuple[int, int, bytes, int]]:
-    """loc -> (id, publish ns, body, expires) for the valid PUB records at the start of ``block``
-    (read at location ``first_loc``), up to the first record it cuts or that is damaged."""
-    out: dict[int, tuple[int, int, bytes, int]] = {}
-    pos, size = 0, len(block)
-    unpack_head, unpack_pub, crc32 = HEADER.unpack_from, PUB_HEAD.unpack_from, zlib.crc32
-    pub_seed = crc32(bytes((PUB,)))
-    view = memoryview(block)
-    while pos + HEADER_SIZE <= size:
-        magic, kind, length, crc = unpack_head(block, pos)
-        start, stop = pos + HEADER_SIZE, pos + HEADER_SIZE + length
-        if magic != MAGIC or stop > size:
-            break
-        if kind == PUB:
-            if crc32(view[start:stop], pub_seed) != crc:
-                break
-            msg_id, ts, _, flags = unpack_pub(block, start)
-            body_at, expires = start + PUB_HEAD.size, 0
-            if flags & EXPIRES:
-                expires, = PUB_EXPIRES.unpack_from(block, body_at)
-                body_at += PUB_EXPIRES.size
-            out[first_loc + pos] = (msg_id, ts, block[body_at:stop], expires)
-        elif kind == MOVE:
-            if crc32(view[start:stop], crc32(bytes((MOVE,)))) != crc:
-                break
-            record = Record(MOVE, pos, view[start:stop])
-            msg_id, ts, _, body, expires = record.move()
-            out[first_loc + pos] = (msg_id, ts, body, expires)
-        pos = stop
-    return out
-
-
 def message_at(block: bytes, pos: int) -> tuple[str, int, bytes, int] | None:
     """(hex id, publish ns, body, expires) of the PUB or MOVE record at ``pos`` of
     ``block``; None if it is not one, fails its check or is cut by the block's end."""
@@ -279,7 +337,8 @@ def message_at(block: bytes, pos: int) -> tuple[str, int, bytes, int] | None:
 
 
 _PUB_REST = struct.Struct(">qqB")          # PUB_HEAD after the id
-_SEEDS = {PUB: zlib.crc32(bytes((PUB,))), MOVE: zlib.crc32(bytes((MOVE,)))}
+_SEEDS = {kind: zlib.crc32(bytes((kind,))) for kind in (PUB, MOVE, BATCH)}
+BATCH_SEED = _SEEDS[BATCH]
 # A PUB's header and head in one go, the CRC's seed, and where its body starts.
 PUB_WHOLE = struct.Struct(HEADER.format + PUB_HEAD.format[1:])
 PUB_SEED = _SEEDS[PUB]
@@ -335,6 +394,9 @@ class Record:
             pos += COPY_AT.size
             copies.append((channel, attempts, deliver_at))
         return msg_id, ts, copies, bytes(self.payload[pos:]), expires
+
+    def batch(self) -> Batch:
+        return read_batch(self.payload, 0, len(self.payload))
 
     def config(self) -> tuple[str, bytes]:
         channel, pos = self._channel()
@@ -399,6 +461,16 @@ def scan(data: bytes, where: str, base: int = 0, rest: list[int] | None = None,
                     where, size - skipped_from, base + skipped_from)
         if damaged is not None:
             damaged(base + skipped_from, bytes(data[skipped_from:]))
+
+
+def batch_count(span: bytes) -> int:
+    """The messages a damaged BATCH record held, as its count says when that is a count
+    the record could hold (else 1)."""
+    if len(span) >= HEADER_SIZE + BATCH_HEAD.size:
+        _, n = BATCH_HEAD.unpack_from(span, HEADER_SIZE)
+        if 0 < n <= (len(span) - HEADER_SIZE - BATCH_HEAD.size) // 21:
+            return n
+    return 1
 
 
 def damaged_kind(span: bytes) -> tuple[int, str] | None:

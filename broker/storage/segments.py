@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import zlib
+from array import array
+from bisect import bisect_right
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -40,6 +42,9 @@ class _WouldWait(Exception):
     """A read on the event loop found its bytes not in the page cache."""
 
 
+_OFFSET_MASK = (1 << OFFSET_BITS) - 1
+
+
 def location(seg: int, offset: int) -> int:
     return (seg << OFFSET_BITS) | offset
 
@@ -62,7 +67,10 @@ class TopicLog:
         self.refs: dict[int, int] = {}
         self.sizes: dict[int, int] = {}     # bytes of each segment on disk
         self._readers: dict[int, int] = {}
-        self._read_ahead: dict[int, tuple[int, int, bytes, int]] = {}
+        self._reader: Reader | None = None      # read_message's, which reads ahead
+        # segment -> (offsets, counts) of its BATCH records, in log order: where the
+        # message at a location is read from (see ``Reader``)
+        self.batches: dict[int, tuple[array, array]] = {}
         self.current = 0
         self._fd = -1
         self._size = 0
@@ -160,32 +168,44 @@ class TopicLog:
         self.retired, self.deleted = [], []
         return work
 
-    def read_pub(self, loc: int) -> tuple[int, int, bytes, int]:
-        """(id, publish ns, body, expires) of the PUB record at ``loc``. Reads ahead: messages
-        waiting on disk come up in log order, so one read serves those that follow."""
-        found = self._read_ahead.pop(loc, None)
-        if found is not None:
-            return found
+    def add_batch(self, loc: int, count: int) -> None:
+        """A BATCH record of ``count`` messages was written at ``loc``."""
         seg, offset = split(loc)
+        index = self.batches.get(seg)
+        if index is None:
+            index = self.batches[seg] = (array("q"), array("I"))
+        index[0].append(offset)
+        index[1].append(count)
+
+    def _pread(self, seg: int, size: int, offset: int) -> bytes:
         fd = self._readers.get(seg)
         if fd is None:
             fd = self._readers[seg] = self.files.open(str(self.path(seg)), os.O_RDONLY)
-        block = self.files.pread(fd, READ_AHEAD, offset)
-        if len(block) >= records.HEADER_SIZE:
-            _, _, length, _ = records.HEADER.unpack_from(block)
-            if len(block) < records.HEADER_SIZE + length:
-                block = self.files.pread(fd, records.HEADER_SIZE + length, offset)
-        self._read_ahead = records.pubs_in(block, location(seg, offset))
-        found = self._read_ahead.pop(loc, None)
-        if found is None:
+        return self.files.pread(fd, size, offset)
+
+    def read_message(self, loc: int) -> "Message | None":
+        """The message whose record (PUB, MOVE, or a BATCH's) is at ``loc``; None if it
+        fails its check. Reads ahead: messages waiting on disk come up in log order, so
+        one read serves those that follow."""
+        if self._reader is None:
+            self._reader = Reader(self.batches, self._pread)
+        return self._reader.messages((loc,))[0]
+
+    def read_pub(self, loc: int) -> tuple[int, int, bytes, int]:
+        """(id, publish ns, body, expires) of the message at ``loc``; ``DamagedRecord``
+        if its record fails its check."""
+        msg = self.read_message(loc)
+        if msg is None:
+            seg, offset = split(loc)
             raise records.DamagedRecord(f"{self.path(seg)}: the record at offset {offset} "
                                         f"fails its check")
-        return found
+        return int(msg.id, 16), msg.timestamp, msg.body, msg.expires
 
     def read_messages(self, locs: "Sequence[int]") -> "list[Message | None]":
-        """The messages whose PUB (or MOVE) records are at ``locs`` (None for one that
-        fails its check). Touches nothing of this log but its files' names, so it can
-        run in a thread: it opens, reads ahead ``READ_AHEAD`` bytes at a time, closes."""
+        """The messages whose records are at ``locs`` (None for one that fails its
+        check). Touches nothing of this log but its files' names and its index of
+        batches, so it can run in a thread: it opens, reads ahead ``READ_AHEAD`` bytes
+        at a time, closes."""
         files, opened = self.files, {}
 
         def read(seg: int, size: int, offset: int) -> bytes:
@@ -198,7 +218,7 @@ class TopicLog:
             return files.pread(fd, size, offset)
 
         try:
-            return self._parse(locs, read)
+            return Reader(self.batches, read).messages(locs)
         finally:
             for fd in opened.values():
                 files.close(fd)
@@ -224,52 +244,9 @@ class TopicLog:
             return block
 
         try:
-            return self._parse(locs, read)
+            return Reader(self.batches, read).messages(locs)
         except _WouldWait:
             return None
-
-    @staticmethod
-    def _parse(locs: "Sequence[int]", read: Callable[[int, int, int], bytes]
-               ) -> "list[Message | None]":
-        out: list[Message | None] = []
-        block, block_loc, size = b"", 0, 0
-        message_at, header = records.message_at, records.HEADER_SIZE
-        unpack, crc32, seed = records.PUB_CHECK.unpack_from, zlib.crc32, records.PUB_SEED
-        magic_ok, pub, body_at = records.MAGIC_NUMBER, records.PUB, records.PUB_BODY_AT
-        append = out.append
-        for loc in locs:
-            rel = loc - block_loc
-            # The common case: a PUB with no expiry, whole in the block read.
-            if 0 <= rel and rel + body_at <= size:
-                magic, kind, length, crc, raw_id, ts, flags = unpack(block, rel)
-                start = rel + header
-                stop = start + length
-                if (magic == magic_ok and kind == pub and not flags & EXPIRES
-                        and stop <= size and crc32(block[start:stop], seed) == crc):
-                    # The id's 8 bytes in hex are the message's id.
-                    msg = Message(raw_id.hex(), block[rel + body_at:stop], ts)
-                    msg.loc = loc
-                    append(msg)
-                    continue
-            found = message_at(block, rel) if 0 <= rel < size else None
-            if found is None:
-                seg, offset = split(loc)
-                block, block_loc = read(seg, READ_AHEAD, offset), loc
-                if len(block) >= header:
-                    length = records.HEADER.unpack_from(block)[2]
-                    if len(block) < header + length:
-                        block = read(seg, header + length, offset)
-                size = len(block)
-                found = message_at(block, 0)
-            if found is None:
-                append(None)
-                continue
-            msg_id, ts, body, expires = found
-            msg = Message(msg_id, body, ts)
-            msg.loc = loc
-            msg.expires = expires
-            append(msg)
-        return out
 
     def hold(self, seg: int, count: int = 1) -> None:
         self.refs[seg] = self.refs.get(seg, 0) + count
@@ -297,6 +274,7 @@ class TopicLog:
             fd = self._readers.pop(seg, None)
             if fd is not None:
                 self.files.close(fd)
+            self.batches.pop(seg, None)
             if self.on_reclaim is not None:
                 self.on_reclaim(seg)
             self.deleted.append(self.path(seg))
@@ -319,3 +297,119 @@ class TopicLog:
             self.files.unlink(str(path))
         self.deleted = []
         self.abandon()
+
+
+class Reader:
+    """Messages by location, from blocks of a log read ``READ_AHEAD`` bytes at a time
+    with ``read(segment, size, offset)``: locations asked for in log order cost one read
+    per block, and a BATCH record one check and one pass over its columns for all of its
+    messages. ``batches`` is the log's index of BATCH records: segment -> (offsets,
+    counts), each in log order."""
+
+    def __init__(self, batches: dict[int, tuple[array, array]],
+                 read: Callable[[int, int, int], bytes]) -> None:
+        self.batches = batches
+        self.read = read
+        self.block, self.block_loc, self.size = b"", 0, 0
+        # The batch read last: its location, count and columns (None: it fails its check).
+        self.batch_loc, self.batch_n = -1, 0
+        self.batch: records.Batch | None = None
+
+    def messages(self, locs: "Sequence[int] | tuple[int, ...]") -> "list[Message | None]":
+        out: list[Message | None] = []
+        append = out.append
+        batch_loc, batch_n, batch = self.batch_loc, self.batch_n, self.batch
+        for loc in locs:
+            i = loc - batch_loc
+            if not 0 <= i < batch_n:
+                found = self._batch_at(loc) if self.batches else None
+                if found is None:
+                    append(self._record_at(loc))
+                    continue
+                batch_loc, batch_n = found
+                batch = self._read_batch(batch_loc)
+                self.batch_loc, self.batch_n, self.batch = batch_loc, batch_n, batch
+                i = loc - batch_loc
+            if batch is None:
+                append(None)
+                continue
+            bounds = batch.bounds
+            msg = Message(batch.ids[16 * i:16 * i + 16], batch.data[bounds[i]:bounds[i + 1]],
+                          batch.timestamps[i])
+            msg.loc = loc
+            if batch.expires is not None:
+                msg.expires = batch.expires[i]
+            append(msg)
+        return out
+
+    def _batch_at(self, loc: int) -> tuple[int, int] | None:
+        """(location, count) of the BATCH record holding the message at ``loc``."""
+        index = self.batches.get(loc >> OFFSET_BITS)
+        if index is None:
+            return None
+        starts, counts = index
+        offset = loc & _OFFSET_MASK
+        i = bisect_right(starts, offset) - 1
+        if i >= 0 and offset - starts[i] < counts[i]:
+            return loc - offset + starts[i], counts[i]
+        return None
+
+    def _record(self, loc: int) -> int:
+        """Where the record at ``loc`` starts in ``self.block``, read first unless the
+        block holds all of it (or all there is of it)."""
+        rel, header = loc - self.block_loc, records.HEADER_SIZE
+        if 0 <= rel and rel + header <= self.size and (
+                rel + header + records.HEADER.unpack_from(self.block, rel)[2] <= self.size):
+            return rel
+        seg, offset = split(loc)
+        block = self.read(seg, READ_AHEAD, offset)
+        if len(block) >= header:
+            length = records.HEADER.unpack_from(block)[2]
+            if len(block) < header + length <= header + records.MAX_PAYLOAD:
+                block = self.read(seg, header + length, offset)
+        self.block, self.block_loc, self.size = block, loc, len(block)
+        return 0
+
+    def _read_batch(self, loc: int) -> records.Batch | None:
+        rel = self._record(loc)
+        block = self.block
+        if rel + records.HEADER_SIZE > self.size:
+            return None
+        magic, kind, length, crc = records.HEADER.unpack_from(block, rel)
+        start = rel + records.HEADER_SIZE
+        stop = start + length
+        if (magic != records.MAGIC or kind != records.BATCH or stop > self.size
+                or zlib.crc32(memoryview(block)[start:stop], records.BATCH_SEED) != crc):
+            return None
+        try:
+            return records.read_batch(block, start, stop)
+        except records.DamagedRecord:
+            return None
+
+    def _record_at(self, loc: int) -> "Message | None":
+        """The message of the PUB or MOVE record at ``loc``."""
+        block, size, header = self.block, self.size, records.HEADER_SIZE
+        rel = loc - self.block_loc
+        # The common case: a PUB with no expiry, whole in the block read.
+        if 0 <= rel and rel + records.PUB_BODY_AT <= size:
+            magic, kind, length, crc, raw_id, ts, flags = records.PUB_CHECK.unpack_from(block, rel)
+            start = rel + header
+            stop = start + length
+            if (magic == records.MAGIC_NUMBER and kind == records.PUB and not flags & EXPIRES
+                    and stop <= size
+                    and zlib.crc32(memoryview(block)[start:stop], records.PUB_SEED) == crc):
+                # The id's 8 bytes in hex are the message's id.
+                msg = Message(raw_id.hex(), block[rel + records.PUB_BODY_AT:stop], ts)
+                msg.loc = loc
+                return msg
+        found = records.message_at(block, rel) if 0 <= rel < size else None
+        if found is None:
+            rel = self._record(loc)
+            found = records.message_at(self.block, rel)
+        if found is None:
+            return None
+        msg_id, ts, body, expires = found
+        msg = Message(msg_id, body, ts)
+        msg.loc = loc
+        msg.expires = expires
+        return msg

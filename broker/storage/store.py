@@ -56,7 +56,7 @@ from ..message import Message
 from ..options import Options
 from . import fileops, records
 from .replay import Replay
-from .segments import OFFSET_BITS, TopicLog, segment_of
+from .segments import OFFSET_BITS, TopicLog, segment_of, split
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -373,10 +373,18 @@ class DiskStore(Store):
                                     f"({limit}); retry once consumers catch up")
         now_ns = self.broker.clock.wall_ns()
         held = topic.holds
-        data, starts = records.pubs(
-            list(map(_id, msgs)), list(map(_timestamp, msgs)), list(map(_body, msgs)),
-            [now_ns + d * 1_000_000 if d else 0 for d in defers] if any(defers)
-            else [0] * len(msgs), list(map(_expires, msgs)), held)
+        deliver_ats = [now_ns + d * 1_000_000 if d else 0 for d in defers] if any(defers) \
+            else None
+        if len(msgs) > 1:
+            # One record, one checksum for the lot: message i is at the record's location + i.
+            expires = list(map(_expires, msgs))
+            data = records.batch(list(map(_id, msgs)), list(map(_timestamp, msgs)),
+                                 list(map(_body, msgs)), deliver_ats,
+                                 expires if any(expires) else None, held)
+        else:
+            data, _ = records.pubs(list(map(_id, msgs)), list(map(_timestamp, msgs)),
+                                   list(map(_body, msgs)), deliver_ats or [0],
+                                   list(map(_expires, msgs)), held)
         queued, prefix = self._encode_queued(topic.name)
         try:
             loc = topic_log.append(b"".join((prefix, data, records.dedupe(producer)
@@ -387,8 +395,12 @@ class DiskStore(Store):
                                 f"it ({err.strerror or err}); nothing was accepted") from None
         self._written(topic.name, queued)
         loc += len(prefix)
-        for msg, start in zip(msgs, starts):
-            msg.loc = loc + start
+        if len(msgs) > 1:
+            topic_log.add_batch(loc, len(msgs))
+            for msg, msg_loc in zip(msgs, range(loc, loc + len(msgs))):
+                msg.loc = msg_loc
+        else:
+            msgs[0].loc = loc
         seg = segment_of(loc)
         topic_log.hold(seg, (1 if held else len(topic.channels)) * len(msgs))
         if producer is not None:
@@ -403,18 +415,17 @@ class DiskStore(Store):
         name = topic.name
         topic_log = self.logs[name]
         try:
-            msg_id, ts, body, expires = topic_log.read_pub(loc)
-        except records.DamagedRecord as err:
-            log.error("%s: the message is lost", err)
-            topic_log.release(segment_of(loc))
-            return None
+            msg = topic_log.read_message(loc)
         except OSError as err:
             raise ReadLater(name, self._read_failed(name, topic_log, err)) from None
+        if msg is None:
+            seg, offset = split(loc)
+            log.error("%s: the record at offset %d fails its check: the message is lost",
+                      topic_log.path(seg), offset)
+            topic_log.release(seg)
+            return None
         if name in self._read_backoff:
             self._read_works(name, topic_log)
-        msg = Message(f"{msg_id:016x}", body, ts)
-        msg.loc = loc
-        msg.expires = expires
         return msg
 
     def _read_failed(self, name: str, topic_log: TopicLog, err: OSError) -> float:
@@ -947,6 +958,7 @@ class DiskStore(Store):
             topic_log.sizes[seg] = self._scan_file(topic_log.path(seg),
                                                    lambda r, seg=seg: replay.read(seg, r),
                                                    replay.damaged)
+        topic_log.batches = replay.batches
         if replay.damage:
             log.error("%s: topic %s: damaged records skipped (file and offset above): %s",
                       topic_log.dir, name, "; ".join(f"{count} {what}" for what, count
