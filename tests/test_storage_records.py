@@ -472,3 +472,23 @@ def test_replay_time_grows_with_the_log_not_with_deletes_times_backlog():
     without = min(replay_of(0) for _ in range(3))
     with_churn = min(replay_of(1_000) for _ in range(3))
     assert with_churn < 3 * without + 0.05
+
+
+def test_a_publish_past_the_largest_record_is_split_into_batches_that_each_fit(monkeypatch):
+    monkeypatch.setattr(records, "MAX_PAYLOAD", 1_000)
+    ids = [f"{(1 << 50) + 1024 * i:016x}" for i in range(41)]
+    bodies = [bytes([65 + i % 26]) * (60 + i) for i in range(41)]
+    data, batches = records.publish(ids, list(range(41)), bodies, None, [7] * 41, False)
+    found = scanned(records.channel_op(records.CREATE, "c"), data)[2:]
+    assert len(found) > 3 and all(len(r.payload) <= 1_000 for r in found)
+    at = len(records.channel_op(records.CREATE, "c"))
+    assert [(r.offset - at, len(r.batch())) for r in found if r.kind == records.BATCH] == batches
+    assert sum(n for _, n in batches) + sum(r.kind == records.PUB for r in found) == 41
+    log = records.channel_op(records.CREATE, "c") + data
+    replay = replayed(log)
+    locs = [loc for loc, _, _ in replay.pending("c")]
+    assert [(m.id, m.body, m.timestamp, m.expires)
+            for m in reader_of(log, replay).messages(locs)] == [
+        (i, body, n, 7) for n, (i, body) in enumerate(zip(ids, bodies))]
+    assert records.publish(ids[:1], [0], bodies[:1], None, None, True) == (
+        records.pub(int(ids[0], 16), 0, 0, True, bodies[0]), [])

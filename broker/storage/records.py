@@ -112,7 +112,8 @@ def pubs(ids: list[str], timestamps: list[int], bodies: list[bytes], deliver_ats
          expires: list[int], held: bool) -> tuple[bytes, list[int]]:
     """The PUB records of several messages (ids given as 16 hex digits, as messages carry
     them), joined, and where each starts in the result: the same bytes as ``pub`` for each,
-    made in one pass."""
+    made in one pass; how brokers before BATCH records wrote an MPUB (a start reads such
+    logs as it always did)."""
     raw = bytes.fromhex("".join(ids))
     pack_head, pack_header = _PUB_HEAD_RAW_ID.pack, HEADER.pack
     pack_expires, crc32, seed = PUB_EXPIRES.pack, zlib.crc32, _SEEDS[PUB]
@@ -135,13 +136,13 @@ def pubs(ids: list[str], timestamps: list[int], bodies: list[bytes], deliver_ats
 
 
 BATCH_HEAD = struct.Struct(">BI")         # flags, count
-_BIG = sys.byteorder == "little"          # the columns' integers are big-endian on disk
+_SWAP = sys.byteorder == "little"         # the columns' integers are big-endian on disk
 
 
 def _column(typecode: str, values: Iterable[int]) -> bytes:
     """``values`` as big-endian integers of ``typecode``'s size, in one C pass."""
     column = array(typecode, values)
-    if _BIG:
+    if _SWAP:
         column.byteswap()
     return column.tobytes()
 
@@ -162,6 +163,39 @@ def batch(ids: list[str], timestamps: list[int], bodies: list[bytes],
     return encode(BATCH, b"".join(parts))
 
 
+def publish(ids: list[str], timestamps: list[int], bodies: list[bytes],
+            deliver_ats: list[int] | None, expires: list[int] | None, held: bool
+            ) -> tuple[bytes, list[tuple[int, int]]]:
+    """The records of one publish: a PUB for one message, else BATCH records, as few as
+    hold them (one, unless they pass MAX_PAYLOAD); with where each BATCH starts in the
+    result and how many messages it holds."""
+    n = len(ids)
+    if n == 1:
+        return pub(int(ids[0], 16), timestamps[0], deliver_ats[0] if deliver_ats else 0, held,
+                   bodies[0], expires[0] if expires else 0), []
+    per_message = 20 + (8 if deliver_ats else 0) + (8 if expires else 0)
+    if per_message * n + sum(map(len, bodies)) <= MAX_PAYLOAD - BATCH_HEAD.size:
+        return batch(ids, timestamps, bodies, deliver_ats, expires, held), [(0, n)]
+    parts: list[bytes] = []
+    starts: list[tuple[int, int]] = []
+    first, at = 0, 0
+    while first < n:
+        last, size = first, BATCH_HEAD.size
+        while last < n and size + per_message + len(bodies[last]) <= MAX_PAYLOAD:
+            size += per_message + len(bodies[last])
+            last += 1
+        last = max(last, first + 1)   # a body fits a record by itself (MAX_BODY)
+        cut = slice(first, last)
+        part, inner = publish(ids[cut], timestamps[cut], bodies[cut],
+                              deliver_ats[cut] if deliver_ats else None,
+                              expires[cut] if expires else None, held)
+        starts += [(at + offset, count) for offset, count in inner]
+        parts.append(part)
+        at += len(part)
+        first = last
+    return b"".join(parts), starts
+
+
 @dataclass(slots=True)
 class Batch:
     """A BATCH record's columns, read in one pass: message ``i`` is ``ids[16i:16i+16]``
@@ -180,7 +214,7 @@ class Batch:
     def raw_ids(self) -> array:
         """The ids as numbers."""
         out = array("Q", bytes.fromhex(self.ids))
-        if _BIG:
+        if _SWAP:
             out.byteswap()
         return out
 
@@ -199,7 +233,7 @@ def read_batch(data: "bytes | memoryview", start: int, stop: int) -> Batch:
             continue
         column = array(typecode)
         column.frombytes(data[at:at + n * size])
-        if _BIG:
+        if _SWAP:
             column.byteswap()
         columns.append(column)
         at += n * size

@@ -375,16 +375,11 @@ class DiskStore(Store):
         held = topic.holds
         deliver_ats = [now_ns + d * 1_000_000 if d else 0 for d in defers] if any(defers) \
             else None
-        if len(msgs) > 1:
-            # One record, one checksum for the lot: message i is at the record's location + i.
-            expires = list(map(_expires, msgs))
-            data = records.batch(list(map(_id, msgs)), list(map(_timestamp, msgs)),
-                                 list(map(_body, msgs)), deliver_ats,
-                                 expires if any(expires) else None, held)
-        else:
-            data, _ = records.pubs(list(map(_id, msgs)), list(map(_timestamp, msgs)),
-                                   list(map(_body, msgs)), deliver_ats or [0],
-                                   list(map(_expires, msgs)), held)
+        expires = list(map(_expires, msgs))
+        # An MPUB's messages under one checksum: message i is at its record's location + i.
+        data, batches = records.publish(list(map(_id, msgs)), list(map(_timestamp, msgs)),
+                                        list(map(_body, msgs)), deliver_ats,
+                                        expires if any(expires) else None, held)
         queued, prefix = self._encode_queued(topic.name)
         try:
             loc = topic_log.append(b"".join((prefix, data, records.dedupe(producer)
@@ -395,12 +390,14 @@ class DiskStore(Store):
                                 f"it ({err.strerror or err}); nothing was accepted") from None
         self._written(topic.name, queued)
         loc += len(prefix)
-        if len(msgs) > 1:
-            topic_log.add_batch(loc, len(msgs))
-            for msg, msg_loc in zip(msgs, range(loc, loc + len(msgs))):
-                msg.loc = msg_loc
-        else:
+        if not batches:
             msgs[0].loc = loc
+        at = 0
+        for start, count in batches:
+            topic_log.add_batch(loc + start, count)
+            for msg, msg_loc in zip(msgs[at:at + count], range(loc + start, loc + start + count)):
+                msg.loc = msg_loc
+            at += count
         seg = segment_of(loc)
         topic_log.hold(seg, (1 if held else len(topic.channels)) * len(msgs))
         if producer is not None:
