@@ -9,6 +9,8 @@ connection per core) reads what was written for half as long: a reader that ran
 out of messages would report the writer's rate, not its own. Each broker is a
 fresh subprocess with its data in a temporary directory (nsqd spills past
 ``--mem-queue-size`` to disk; pynsqd runs with ``--data-path`` so it does too).
+nsqd runs once more with ``--mem-queue-size 1000000`` (everything in memory, nothing
+durable): what a user who compares durable pynsqd with nsqd's fastest setting sees.
 pynsqd runs once per event loop asked for (by default asyncio, and uvloop too
 when it is installed), and once more memory only (no ``--data-path``), which
 tells storage's share of its cost from the rest. Reported: msgs/s, and the
@@ -90,12 +92,15 @@ def write_then_read(folder: Path, tcp_port: int, runfor: str, pid: int) -> dict:
             "write_cpu_us_per_msg": round(write_cpu, 2), "read_cpu_us_per_msg": round(read_cpu, 2)}
 
 
-def run_nsqd(folder: Path, runfor: str) -> dict:
+def run_nsqd(folder: Path, runfor: str, mem_queue_size: int | None = None) -> dict:
+    """nsqd spilling past its default --mem-queue-size, or with ``mem_queue_size``
+    (1,000,000: everything the run writes held in memory, nothing durable)."""
     tcp, http = free_port(), free_port()
+    size = ["--mem-queue-size", str(mem_queue_size)] if mem_queue_size else []
     with tempfile.TemporaryDirectory(prefix="nsqd-bench-") as data:
         proc = start([str(folder / "nsqd"), "--tcp-address", f"127.0.0.1:{tcp}",
                       "--http-address", f"127.0.0.1:{http}", "--data-path", data,
-                      "--log-level", "warn"], tcp)
+                      "--log-level", "warn", *size], tcp)
         try:
             return write_then_read(folder, tcp, runfor, proc.pid)
         finally:
@@ -120,8 +125,10 @@ def run_pynsqd(folder: Path, runfor: str, event_loop: str = "asyncio",
 
 
 def one_round(folder: Path, runfor: str, loops: list[str]) -> dict:
-    """nsqd, then pynsqd under each of ``loops``, then pynsqd memory only under the first."""
+    """nsqd (spilling, then holding everything in memory), then pynsqd under each of
+    ``loops``, then pynsqd memory only under the first."""
     nsqd = run_nsqd(folder, runfor)
+    nsqd_memory = run_nsqd(folder, runfor, mem_queue_size=1_000_000)
     by_loop = {}
     for loop in loops:
         r = run_pynsqd(folder, runfor, loop)
@@ -129,7 +136,12 @@ def one_round(folder: Path, runfor: str, loops: list[str]) -> dict:
                                                    / nsqd["write_msgs_per_s"], 3),
                          "read_ratio": round(r["read_msgs_per_s"] / nsqd["read_msgs_per_s"], 3)}
     memory = run_pynsqd(folder, runfor, loops[0], durable=False)
-    return {"nsqd": nsqd, "by_event_loop": by_loop,
+    durable = by_loop[loops[0]]
+    return {"nsqd": nsqd, "nsqd_memory": nsqd_memory, "by_event_loop": by_loop,
+            "durable_vs_nsqd_memory": {
+                f"{kind}_ratio": round(durable[f"{kind}_msgs_per_s"]
+                                       / nsqd_memory[f"{kind}_msgs_per_s"], 3)
+                for kind in ("write", "read")},
             "pynsqd_memory_only": {**memory, "read_ratio": round(
                 memory["read_msgs_per_s"] / nsqd["read_msgs_per_s"], 3)}}
 
@@ -165,7 +177,8 @@ def run(runfor: str = "10s", explicit_bin: str | None = None,
             "pynsqd": {k: v for k, v in first.items() if not k.endswith("_ratio")},
             "write_ratio": first["write_ratio"], "read_ratio": first["read_ratio"],
             "by_event_loop": r["by_event_loop"],
-            "pynsqd_memory_only": r["pynsqd_memory_only"]}
+            "pynsqd_memory_only": r["pynsqd_memory_only"],
+            "nsqd_memory": r["nsqd_memory"], "durable_vs_nsqd_memory": r["durable_vs_nsqd_memory"]}
 
 
 def main() -> None:
