@@ -142,7 +142,8 @@ def test_a_damaged_mpub_costs_the_messages_of_that_mpub_only(tmp_path, caplog, w
                for r in caplog.records)
 
 
-def test_an_mpub_damaged_after_the_start_loses_its_messages_and_frees_their_file(tmp_path):
+def test_an_mpub_damaged_after_the_start_loses_its_messages_and_frees_their_file(tmp_path,
+                                                                               caplog):
     """Found damaged when read back from disk (past --mem-queue-size), each message of the
     MPUB is lost on its own: the others are delivered, and once they are FINed nothing
     holds the file (no copy of the lost ones is left counted)."""
@@ -156,10 +157,14 @@ def test_an_mpub_damaged_after_the_start_loses_its_messages_and_frees_their_file
     record = [r for r in records.scan(bytes(data), "") if r.kind == records.BATCH][2]
     data[record.offset + records.HEADER_SIZE + len(record.payload) - 3] ^= 0x10
     first_file.write_bytes(bytes(data))  # the same inode: the broker reads it back so
+    caplog.set_level(logging.ERROR, logger="pynsqd")
     got = drain(broker, "events", "work")
     assert sorted(got) == sorted(batches[0] + batches[1] + batches[3])
     log_ = broker.storage.logs["events"]
     assert not any(log_.refs.values())
+    lost = [r.getMessage() for r in caplog.records if "a message of it is lost" in r.getMessage()]
+    assert len(lost) == 20   # each message of it, naming where the record starts
+    assert all(f"the record at offset {record.offset} fails its check" in m for m in lost)
 
 
 def test_a_missing_log_file_is_named_in_the_log_with_its_channels(tmp_path, caplog):

@@ -177,6 +177,12 @@ class TopicLog:
         index[0].append(offset)
         index[1].append(count)
 
+    def record_offset(self, loc: int) -> int:
+        """The offset in its file of the record holding the message at ``loc`` (a BATCH
+        holds several)."""
+        found = Reader(self.batches, self._pread)._batch_at(loc)
+        return split(found[0] if found is not None else loc)[1]
+
     def _pread(self, seg: int, size: int, offset: int) -> bytes:
         fd = self._readers.get(seg)
         if fd is None:

@@ -56,7 +56,7 @@ from ..message import Message
 from ..options import Options
 from . import fileops, records
 from .replay import Replay
-from .segments import OFFSET_BITS, TopicLog, segment_of, split
+from .segments import OFFSET_BITS, TopicLog, segment_of
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -416,9 +416,9 @@ class DiskStore(Store):
         except OSError as err:
             raise ReadLater(name, self._read_failed(name, topic_log, err)) from None
         if msg is None:
-            seg, offset = split(loc)
-            log.error("%s: the record at offset %d fails its check: the message is lost",
-                      topic_log.path(seg), offset)
+            seg = segment_of(loc)
+            log.error("%s: the record at offset %d fails its check: a message of it is lost",
+                      topic_log.path(seg), topic_log.record_offset(loc))
             topic_log.release(seg)
             return None
         if name in self._read_backoff:
