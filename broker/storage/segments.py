@@ -2,7 +2,9 @@
 
 Appends go to the newest segment; each segment opens with a ``STATE`` record
 (the topic's channels as the log stood), so a segment needs nothing older to
-be understood. Bodies are read back with ``pread``. Each segment counts the
+be understood. Bodies are read back with ``pread`` (``Reader``: a message of a
+BATCH record is found through the log's index of its batches, one pair of
+numbers per MPUB, kept per segment in memory). Each segment counts the
 message copies still pending in it (``hold``/``release``); segments are deleted
 oldest first once nothing in them or before them is pending, so a FIN record
 never outlives the message it finished.
@@ -27,7 +29,8 @@ from .records import EXPIRES
 
 log = logging.getLogger("pynsqd")
 
-# A pending message on disk: (segment << OFFSET_BITS) | offset of its record.
+# A pending message on disk: (segment << OFFSET_BITS) | offset of its record (of a BATCH's
+# message: the batch's offset plus the message's index in it).
 OFFSET_BITS = 40
 # The largest --max-bytes-per-file: a file may pass it by one append, and every offset
 # in it must fit in OFFSET_BITS.
