@@ -30,7 +30,7 @@ from .storage.store import MemoryStore
 from .topic import Topic
 
 if TYPE_CHECKING:
-    from .storage.store import Store
+    from .storage.store import DiskStore, Store
 
 # A listener hears of topics and channels appearing and going away:
 # ``listener(event, topic, channel)`` with event one of "topic_created",
@@ -313,13 +313,23 @@ class Broker:
         return (self.lease_journal is not None and not is_ephemeral(channel.topic.name)
                 and not channel.ephemeral)
 
-    def restore_leases(self, journal: LeaseJournal) -> int:
-        """At start (after storage recovery): remember every lease ``journal`` kept, as
-        if requeued, claiming those of its messages back in their channel; from now on
-        leases are written to it. Returns how many leases were kept."""
+    def recover(self, storage: "DiskStore", journal: LeaseJournal) -> int:
+        """A durable broker's start: its topics from ``storage``, with the messages of the
+        leases ``journal`` kept waiting in memory (a replay takes every one back), then
+        those leases. Returns how many leases were kept."""
+        leases = journal.load()
+        storage.recover(leased=LeaseJournal.leased_ids(leases))
+        return self.restore_leases(journal, leases)
+
+    def restore_leases(self, journal: LeaseJournal, leases: "list[tuple] | None" = None) -> int:
+        """At start (after storage recovery): remember every lease ``journal`` kept (or
+        ``leases``, what it loaded), as if requeued, claiming those of its messages back
+        in their channel; from now on leases are written to it. Returns how many leases
+        were kept."""
         kept = []
         in_channel: dict[Channel, set[str]] = {}
-        for lease_id, topic, channel, timeout, ids, attempts, owner in journal.load():
+        for lease_id, topic, channel, timeout, ids, attempts, owner in (
+                journal.load() if leases is None else leases):
             t = self.topics.get(topic)
             ch = t.channels.get(channel) if t is not None else None
             if ch is None:

@@ -345,6 +345,15 @@ class LeaseJournal:
             pos = end + crc.size
         return list(live.values())
 
+    @staticmethod
+    def leased_ids(leases: "Iterable[tuple]") -> dict[str, dict[str, set[int]]]:
+        """topic -> channel -> ids (as numbers) of the messages of ``leases`` (``load``'s)."""
+        out: dict[str, dict[str, set[int]]] = {}
+        for _, topic, channel, _, ids, _, _ in leases:
+            out.setdefault(topic, {}).setdefault(channel, set()).update(
+                int(msg_id, 16) for msg_id in ids)
+        return out
+
     def _decode_made(self, payload: bytes) -> tuple:
         lease_id, tlen, clen, olen, timeout_ms, n = self._MADE.unpack_from(payload)
         pos = self._MADE.size
