@@ -515,11 +515,14 @@ class Broker:
         check_channel_name(channel)
         return self.topic(topic).channel(channel)
 
-    def get_or_create_topic(self, name: str) -> Topic:
+    def get_or_create_topic(self, name: str, ttl_ms: int = 0) -> Topic:
+        """The topic ``name``, made if need be (with ``ttl_ms`` as its ttl, written with
+        it: a topic made is made with its settings, or not at all)."""
         t = self.topics.get(name)
         if t is None:
             check_topic_name(name)
             t = Topic(self, name)
+            t.ttl_ms = ttl_ms
             self.storage.topic_created(t)
             self.topics[name] = t
             self._notify("topic_created", name, None)
@@ -530,7 +533,9 @@ class Broker:
         check_topic_name(name)
         if ttl_ms is not None:
             deadletter.check_ttl_ms(ttl_ms)
-        t = self.get_or_create_topic(name)
+        if name not in self.topics:
+            return self.get_or_create_topic(name, ttl_ms or 0)
+        t = self.topics[name]
         deadletter.configure_topic(t, ttl_ms)
         return t
 

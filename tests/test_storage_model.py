@@ -31,6 +31,19 @@ brings back the last completed sync, so nothing it covered may have been deleted
 damaged byte in a record that decides which channels own messages (it costs nothing),
 and a topic with more durable channels than a 64-bit mask.
 
+Leases, de-duplication and ttl too. A planner leases batches from channel ``s``
+(``reserve``), commits them (FIN), gives them back (REQ) or lets them time out, and
+replays them (adopts the lease), before and after restarts: a replay takes back exactly
+those of the lease's messages still waiting in the channel, in its order, with the
+attempts of its first delivery; the leases the broker holds and remembers are the
+model's; nothing committed comes back and nothing acknowledged is lost across
+``kill -9``. Producers publish with a producer id and sequence and repeat themselves:
+within the window (before or after a restart) a repeat publishes nothing and answers
+the first ids, other content is refused. Messages with a ttl (their own, or the
+topic's from ``create_topic(ttl_ms=...)``, which outlives a restart) are never
+delivered or leased past it on the manual clock; they may leave once expired, nothing
+else may.
+
 At the suite's budget the run is deterministic (``derandomize``): the same sequences
 every time, each planted storage bug among them found. ``PYNSQ_MODEL_EXAMPLES`` sets
 how many sequences to try, at random (a longer run finds what the fixed ones do not).

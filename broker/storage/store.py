@@ -548,6 +548,9 @@ class DiskStore(Store):
         if topic.ephemeral or self._restoring:
             return
         topic_log = self._new_log(topic.name)
+        settings = deadletter.settings_of(topic, None)
+        if settings:  # made with its settings (a ttl): written in the first file's one write
+            self._logged[topic.name].config[""] = json.dumps(settings, sort_keys=True).encode()
         try:
             topic_log.start_appending()
         except OSError as err:
