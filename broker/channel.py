@@ -410,14 +410,17 @@ class Channel:
         on_disk = [*self._ready.on_disk(), *deferred_on_disk]
         self._ready.take_all()
         # Every holder lets go, leases included (they are not in _consumers). A lease
-        # keeps nothing of them to take back: none waits here any more.
+        # that held some is over: none of its messages waits here to be taken back.
+        leases = {}
         for msg in in_flight:
             holder = msg.consumer
             if holder is not None:
                 holder.in_flight.pop(msg.id, None)
                 msg.consumer = None
                 if holder.keeps_given_back:
-                    holder.let_go()
+                    leases[id(holder)] = holder
+        for lease in leases.values():
+            self._broker.lease_emptied(lease)
         self._store.dropped(self.topic, self, msgs, on_disk)
         self.lease_claims.clear()
 

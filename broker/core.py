@@ -488,6 +488,12 @@ class Broker:
                 self._forget_lease(lease_id, remember=True)
         return count, missing
 
+    def lease_emptied(self, lease: Lease) -> None:
+        """``lease``'s channel was emptied (or deleted) while it held messages: it is over
+        at once (gone from the lease journal too), with nothing to take back."""
+        lease.let_go()
+        self._forget_lease(lease.lease_id, remember=True)
+
     def _forget_lease(self, lease_id: str, remember: bool = False) -> None:
         lease = self._leases.pop(lease_id, None)
         if lease is not None:
@@ -594,12 +600,15 @@ class Broker:
         self._notify("channel_created", channel.topic.name, channel.name)
 
     def on_channel_deleted(self, channel: Channel) -> None:
+        # Its leases are over, in the lease journal too (nothing of them waits anywhere).
         for lease_id, lease in list(self._leases.items()):
             if lease.channel is channel:
                 self._forget_lease(lease_id)
+                self._journal_gone(lease_id)
         for lease_id, old in list(self._requeued.items()):
             if old.channel is channel:
                 del self._requeued[lease_id]
+                self._journal_gone(lease_id)
         self._notify("channel_deleted", channel.topic.name, channel.name)
 
     def _notify(self, event: str, topic: str, channel: str | None) -> None:

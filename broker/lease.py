@@ -392,8 +392,11 @@ class LeaseJournal:
         if not self._sizes:
             # Nothing live: the file starts afresh (a power loss that undoes the cut
             # brings back leases already over, which find nothing and are dropped).
+            # Not open yet (nothing written since the start rewrote it): cut it by name.
             if self._fd >= 0:
                 os.ftruncate(self._fd, 0)
+            elif self.path.exists():
+                os.truncate(self.path, 0)
             self._dead_bytes = 0
         elif self._dead_bytes > max(self.COMPACT_MIN_BYTES, self.COMPACT_RATIO * self._live_bytes):
             self._rewrite([self._encode_lease(lease) for lease in live()

@@ -128,6 +128,30 @@ def test_the_lease_journal_keeps_only_live_leases(tmp_path):
     assert journal.load() == [] and journal.path.stat().st_size == 0
 
 
+def test_a_lease_kept_across_a_restart_and_then_finished_is_gone_from_the_journal(tmp_path):
+    # The start rewrites the journal with the leases it keeps; the FIN of the last one must
+    # still cut it, or the next start brings the finished lease back.
+    from broker.clock import ManualClock
+    from broker.lease import LeaseJournal
+    from .test_storage_recovery import crash, start
+
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    broker.restore_leases(LeaseJournal(tmp_path / "leases.journal"))
+    broker.create_channel("events", "spark")
+    broker.multi_publish("events", [b"a", b"b"])
+    session = broker.open_lease_session("driver")
+    lease, _ = broker.reserve(session.session_id, "events", "spark", 2, 5000)
+    crash(broker)
+    broker.lease_journal.close()
+
+    broker = start(tmp_path, clock)
+    journal = LeaseJournal(tmp_path / "leases.journal")
+    assert broker.restore_leases(journal) == 1
+    assert broker.finish_leases([lease.lease_id]) == (2, [])
+    assert journal.load() == []
+
+
 def test_a_lease_kept_across_a_crash_still_answers_to_its_owner_alone(tmp_path):
     # Under auth a lease answers to the principal that made it; the journal keeps that
     # owner, so after kill -9 the owner's commit is let through and another's is not.
