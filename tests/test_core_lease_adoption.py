@@ -197,3 +197,38 @@ def test_a_lease_larger_than_mem_queue_size_is_taken_back_whole_after_a_requeue_
     replay = broker.open_lease_session("driver again")
     assert broker.adopt_leases(replay.session_id, [requeued.lease_id, timed_out.lease_id]) \
         == (3000, [])
+
+
+def test_a_lease_larger_than_mem_queue_size_is_taken_back_whole_after_a_kill(tmp_path):
+    # After kill -9 the start restores a kept lease's messages in memory at the front of
+    # their channel, past --mem-queue-size: a replay takes every one back, not the few
+    # the memory queue holds.
+    from broker import Broker, Options
+    from broker.clock import ManualClock
+    from broker.lease import LeaseJournal
+    from broker.storage import DiskStore
+
+    def durable_broker() -> Broker:
+        options = Options(data_path=str(tmp_path), mem_queue_size=5)
+        broker = Broker(options, clock=clock)
+        broker.storage = DiskStore(broker, options)
+        broker.recover(broker.storage, LeaseJournal(tmp_path / "leases.journal"))
+        return broker
+
+    clock = ManualClock()
+    broker = durable_broker()
+    broker.create_channel("events", "spark")
+    broker.multi_publish("events", [b"m%d" % i for i in range(3000)])
+    session = broker.open_lease_session("driver")
+    requeued, _ = broker.reserve(session.session_id, "events", "spark", 1000, 60_000)
+    held, _ = broker.reserve(session.session_id, "events", "spark", 1000, 60_000)
+    broker.requeue_leases([requeued.lease_id])
+    broker.storage.flush()
+    broker.storage.abandon()
+    broker.lease_journal.close()
+
+    broker = durable_broker()
+    replay = broker.open_lease_session("driver again")
+    assert broker.adopt_leases(replay.session_id, [requeued.lease_id, held.lease_id]) \
+        == (2000, [])
+    assert [m.id for m in broker.lease(held.lease_id).order] == [m.id for m in held.order]

@@ -1049,9 +1049,7 @@ class DiskStore(Store):
                     later_attempts.append(attempts)
                     later_delays.append((deliver_at - now_ns) / 1e9)
                     continue
-            elif keep and loc in keep:
-                pass
-            elif on_disk or len(ready) >= limit:
+            elif (on_disk or len(ready) >= limit) and not (keep and loc in keep):
                 if attempts and on_disk_attempts is None:
                     on_disk_attempts = array("H", bytes(2 * len(on_disk)))
                 on_disk.append(loc)
