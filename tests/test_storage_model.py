@@ -396,6 +396,28 @@ class StorageModel(RuleBasedStateMachine):
         key = data.draw(st.sampled_from(sorted(self.produced)))
         self.publish_once(self.produced[key].topic, self.produced[key].bodies, *key)
 
+    @rule(producer=st.sampled_from(PRODUCERS), sequence=st.integers(3, 4),
+          crash=st.booleans())
+    def a_producer_retries_after_the_file_of_its_batch_is_gone(self, producer: str,
+                                                              sequence: int,
+                                                              crash: bool) -> None:
+        """A batch is published with a producer id, read and committed; later files take
+        the place of its own, which is deleted; the broker restarts and the writer repeats
+        the batch: still inside the window, it publishes nothing."""
+        self.create_channel("c", LEASED)
+        bodies = [f"{producer}{sequence}:c:{i}-".encode() * 5 for i in range(2)]
+        self.publish_once("c", bodies, producer, sequence)
+        for _ in range(2):
+            self.take_a_batch("c", 6)
+            for lease_id in [i for i, lease in self.leases.items()
+                             if lease.key == ("c", LEASED) and lease.held]:
+                self.commit(lease_id)
+            self.publish("c", 6, 0)     # the next file
+        self.store.tick()
+        self.end_of_pass()
+        self.restart(crash)
+        self.publish_once("c", bodies, producer, sequence)
+
     def publish_once(self, topic: str, bodies: list[bytes], producer: str,
                      sequence: int) -> None:
         """What the de-duplication window promises: a repeat of a request accepted less
@@ -514,8 +536,10 @@ class StorageModel(RuleBasedStateMachine):
         """The planner FINs a lease (its batch is committed): what it holds, or what of
         it waits in the channel since it was given back, is gone for good."""
         lease_id = self._lease(data)
-        if lease_id is None:
-            return
+        if lease_id is not None:
+            self.commit(lease_id)
+
+    def commit(self, lease_id: str) -> None:
         key = self.leases[lease_id].key if lease_id in self.leases else None
         expected = self.taken_back(lease_id)
         count, missing = self.broker.finish_leases([lease_id])
