@@ -80,9 +80,8 @@ class BrokerApp:
             storage = DiskStore(self.broker, self.options)
             self.broker.storage = storage
             try:
-                storage.recover()
-                self.broker.restore_leases(
-                    LeaseJournal(Path(self.options.data_path) / "leases.journal"))
+                self.broker.recover(
+                    storage, LeaseJournal(Path(self.options.data_path) / "leases.journal"))
             except BaseException:
                 self.broker.storage = MemoryStore(self.options.max_memory_bytes)
                 storage.abandon()

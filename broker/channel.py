@@ -126,10 +126,12 @@ class Channel:
     def restore(self, ready: list[Message], on_disk: Sequence[int],
                 deferred: list[tuple[Message, float]],
                 on_disk_attempts: Sequence[int] | None = None,
-                deferred_on_disk: Iterable[tuple[int, int, float]] = ()) -> None:
+                deferred_on_disk: Iterable[tuple[int, int, float]] = (),
+                front: list[Message] | None = None) -> None:
         """Queue messages recovered from disk: in memory, on disk only (with their
         delivery counts), and deferred (with the seconds they still wait), in memory
-        and as (loc, attempts, seconds) on disk only."""
+        and as (loc, attempts, seconds) on disk only; ``front``: ahead of the rest and
+        in memory whatever the limit (a kept lease's, as a lease gives them back)."""
         self._ready.extend(ready)
         self._ready.extend_on_disk(on_disk, on_disk_attempts)
         now = self._clock.monotonic()
@@ -137,6 +139,8 @@ class Channel:
             self._deferred.push(msg, now + delay)
         for loc, attempts, delay in deferred_on_disk:
             self._deferred.push_on_disk(loc, attempts, now + delay)
+        if front:
+            self._ready.push_front(front, keep=True)
         self._timers_started()
 
     def put_deferred_on_disk(self, loc: int, attempts: int, delay: float) -> None:
@@ -405,11 +409,18 @@ class Channel:
         msgs = [*self._ready.messages(), *deferred, *in_flight]
         on_disk = [*self._ready.on_disk(), *deferred_on_disk]
         self._ready.take_all()
-        # Every holder lets go, leases included (they are not in _consumers).
+        # Every holder lets go, leases included (they are not in _consumers). A lease
+        # that held some is over: none of its messages waits here to be taken back.
+        leases = {}
         for msg in in_flight:
-            if msg.consumer is not None:
-                msg.consumer.in_flight.pop(msg.id, None)
+            holder = msg.consumer
+            if holder is not None:
+                holder.in_flight.pop(msg.id, None)
                 msg.consumer = None
+                if holder.keeps_given_back:
+                    leases[id(holder)] = holder
+        for lease in leases.values():
+            self._broker.lease_emptied(lease)
         self._store.dropped(self.topic, self, msgs, on_disk)
         self.lease_claims.clear()
 

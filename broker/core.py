@@ -30,7 +30,7 @@ from .storage.store import MemoryStore
 from .topic import Topic
 
 if TYPE_CHECKING:
-    from .storage.store import Store
+    from .storage.store import DiskStore, Store
 
 # A listener hears of topics and channels appearing and going away:
 # ``listener(event, topic, channel)`` with event one of "topic_created",
@@ -313,13 +313,23 @@ class Broker:
         return (self.lease_journal is not None and not is_ephemeral(channel.topic.name)
                 and not channel.ephemeral)
 
-    def restore_leases(self, journal: LeaseJournal) -> int:
-        """At start (after storage recovery): remember every lease ``journal`` kept, as
-        if requeued, claiming those of its messages back in their channel; from now on
-        leases are written to it. Returns how many leases were kept."""
+    def recover(self, storage: "DiskStore", journal: LeaseJournal) -> int:
+        """A durable broker's start: its topics from ``storage``, with the messages of the
+        leases ``journal`` kept waiting in memory (a replay takes every one back), then
+        those leases. Returns how many leases were kept."""
+        leases = journal.load()
+        storage.recover(leased=LeaseJournal.leased_ids(leases))
+        return self.restore_leases(journal, leases)
+
+    def restore_leases(self, journal: LeaseJournal, leases: "list[tuple] | None" = None) -> int:
+        """At start (after storage recovery): remember every lease ``journal`` kept (or
+        ``leases``, what it loaded), as if requeued, claiming those of its messages back
+        in their channel; from now on leases are written to it. Returns how many leases
+        were kept."""
         kept = []
         in_channel: dict[Channel, set[str]] = {}
-        for lease_id, topic, channel, timeout, ids, attempts, owner in journal.load():
+        for lease_id, topic, channel, timeout, ids, attempts, owner in (
+                journal.load() if leases is None else leases):
             t = self.topics.get(topic)
             ch = t.channels.get(channel) if t is not None else None
             if ch is None:
@@ -478,6 +488,12 @@ class Broker:
                 self._forget_lease(lease_id, remember=True)
         return count, missing
 
+    def lease_emptied(self, lease: Lease) -> None:
+        """``lease``'s channel was emptied (or deleted) while it held messages: it is over
+        at once (gone from the lease journal too), with nothing to take back."""
+        lease.let_go()
+        self._forget_lease(lease.lease_id, remember=True)
+
     def _forget_lease(self, lease_id: str, remember: bool = False) -> None:
         lease = self._leases.pop(lease_id, None)
         if lease is not None:
@@ -505,11 +521,14 @@ class Broker:
         check_channel_name(channel)
         return self.topic(topic).channel(channel)
 
-    def get_or_create_topic(self, name: str) -> Topic:
+    def get_or_create_topic(self, name: str, ttl_ms: int = 0) -> Topic:
+        """The topic ``name``, made if need be (with ``ttl_ms`` as its ttl, written with
+        it: a topic made is made with its settings, or not at all)."""
         t = self.topics.get(name)
         if t is None:
             check_topic_name(name)
             t = Topic(self, name)
+            t.ttl_ms = ttl_ms
             self.storage.topic_created(t)
             self.topics[name] = t
             self._notify("topic_created", name, None)
@@ -520,7 +539,9 @@ class Broker:
         check_topic_name(name)
         if ttl_ms is not None:
             deadletter.check_ttl_ms(ttl_ms)
-        t = self.get_or_create_topic(name)
+        if name not in self.topics:
+            return self.get_or_create_topic(name, ttl_ms or 0)
+        t = self.topics[name]
         deadletter.configure_topic(t, ttl_ms)
         return t
 
@@ -579,12 +600,15 @@ class Broker:
         self._notify("channel_created", channel.topic.name, channel.name)
 
     def on_channel_deleted(self, channel: Channel) -> None:
+        # Its leases are over, in the lease journal too (nothing of them waits anywhere).
         for lease_id, lease in list(self._leases.items()):
             if lease.channel is channel:
                 self._forget_lease(lease_id)
+                self._journal_gone(lease_id)
         for lease_id, old in list(self._requeued.items()):
             if old.channel is channel:
                 del self._requeued[lease_id]
+                self._journal_gone(lease_id)
         self._notify("channel_deleted", channel.topic.name, channel.name)
 
     def _notify(self, event: str, topic: str, channel: str | None) -> None:

@@ -345,6 +345,15 @@ class LeaseJournal:
             pos = end + crc.size
         return list(live.values())
 
+    @staticmethod
+    def leased_ids(leases: "Iterable[tuple]") -> dict[str, dict[str, set[int]]]:
+        """topic -> channel -> ids (as numbers) of the messages of ``leases`` (``load``'s)."""
+        out: dict[str, dict[str, set[int]]] = {}
+        for _, topic, channel, _, ids, _, _ in leases:
+            out.setdefault(topic, {}).setdefault(channel, set()).update(
+                int(msg_id, 16) for msg_id in ids)
+        return out
+
     def _decode_made(self, payload: bytes) -> tuple:
         lease_id, tlen, clen, olen, timeout_ms, n = self._MADE.unpack_from(payload)
         pos = self._MADE.size
@@ -383,8 +392,11 @@ class LeaseJournal:
         if not self._sizes:
             # Nothing live: the file starts afresh (a power loss that undoes the cut
             # brings back leases already over, which find nothing and are dropped).
+            # Not open yet (nothing written since the start rewrote it): cut it by name.
             if self._fd >= 0:
                 os.ftruncate(self._fd, 0)
+            elif self.path.exists():
+                os.truncate(self.path, 0)
             self._dead_bytes = 0
         elif self._dead_bytes > max(self.COMPACT_MIN_BYTES, self.COMPACT_RATIO * self._live_bytes):
             self._rewrite([self._encode_lease(lease) for lease in live()

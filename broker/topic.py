@@ -116,9 +116,12 @@ class Topic:
     def restore_held(self, ready: list[Message], on_disk: Sequence[int],
                      deferred: list[tuple[Message, float]],
                      on_disk_attempts: Sequence[int] | None = None,
-                     deferred_on_disk: Iterable[tuple[int, int, float]] = ()) -> None:
+                     deferred_on_disk: Iterable[tuple[int, int, float]] = (),
+                     front: list[Message] | None = None) -> None:
         """Hold messages recovered from disk until this topic has a channel (as
         ``Channel.restore`` takes them)."""
+        if front:
+            self._held.push_front(front, keep=True)
         self._held.extend(ready)
         self._held.extend_on_disk(on_disk, on_disk_attempts)
         now = self.broker.clock.monotonic()

@@ -128,6 +128,30 @@ def test_the_lease_journal_keeps_only_live_leases(tmp_path):
     assert journal.load() == [] and journal.path.stat().st_size == 0
 
 
+def test_a_lease_kept_across_a_restart_and_then_finished_is_gone_from_the_journal(tmp_path):
+    # The start rewrites the journal with the leases it keeps; the FIN of the last one must
+    # still cut it, or the next start brings the finished lease back.
+    from broker.clock import ManualClock
+    from broker.lease import LeaseJournal
+    from .test_storage_recovery import crash, start
+
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    broker.restore_leases(LeaseJournal(tmp_path / "leases.journal"))
+    broker.create_channel("events", "spark")
+    broker.multi_publish("events", [b"a", b"b"])
+    session = broker.open_lease_session("driver")
+    lease, _ = broker.reserve(session.session_id, "events", "spark", 2, 5000)
+    crash(broker)
+    broker.lease_journal.close()
+
+    broker = start(tmp_path, clock)
+    journal = LeaseJournal(tmp_path / "leases.journal")
+    assert broker.restore_leases(journal) == 1
+    assert broker.finish_leases([lease.lease_id]) == (2, [])
+    assert journal.load() == []
+
+
 def test_a_lease_kept_across_a_crash_still_answers_to_its_owner_alone(tmp_path):
     # Under auth a lease answers to the principal that made it; the journal keeps that
     # owner, so after kill -9 the owner's commit is let through and another's is not.
@@ -173,3 +197,38 @@ def test_a_lease_larger_than_mem_queue_size_is_taken_back_whole_after_a_requeue_
     replay = broker.open_lease_session("driver again")
     assert broker.adopt_leases(replay.session_id, [requeued.lease_id, timed_out.lease_id]) \
         == (3000, [])
+
+
+def test_a_lease_larger_than_mem_queue_size_is_taken_back_whole_after_a_kill(tmp_path):
+    # After kill -9 the start restores a kept lease's messages in memory at the front of
+    # their channel, past --mem-queue-size: a replay takes every one back, not the few
+    # the memory queue holds.
+    from broker import Broker, Options
+    from broker.clock import ManualClock
+    from broker.lease import LeaseJournal
+    from broker.storage import DiskStore
+
+    def durable_broker() -> Broker:
+        options = Options(data_path=str(tmp_path), mem_queue_size=5)
+        broker = Broker(options, clock=clock)
+        broker.storage = DiskStore(broker, options)
+        broker.recover(broker.storage, LeaseJournal(tmp_path / "leases.journal"))
+        return broker
+
+    clock = ManualClock()
+    broker = durable_broker()
+    broker.create_channel("events", "spark")
+    broker.multi_publish("events", [b"m%d" % i for i in range(3000)])
+    session = broker.open_lease_session("driver")
+    requeued, _ = broker.reserve(session.session_id, "events", "spark", 1000, 60_000)
+    held, _ = broker.reserve(session.session_id, "events", "spark", 1000, 60_000)
+    broker.requeue_leases([requeued.lease_id])
+    broker.storage.flush()
+    broker.storage.abandon()
+    broker.lease_journal.close()
+
+    broker = durable_broker()
+    replay = broker.open_lease_session("driver again")
+    assert broker.adopt_leases(replay.session_id, [requeued.lease_id, held.lease_id]) \
+        == (2000, [])
+    assert [m.id for m in broker.lease(held.lease_id).order] == [m.id for m in held.order]

@@ -286,3 +286,31 @@ def test_a_start_that_cannot_write_names_the_path_and_changes_nothing(files, tmp
     files.heal()
     with EmbeddedBroker(data_path=str(data)) as restarted:
         assert sorted(consume_all(restarted.address, "events", "work")) == sorted(ids)
+
+
+@pytest.mark.parametrize("good_writes", [0, 1, 2])
+def test_a_topic_created_with_a_ttl_is_made_with_it_or_not_at_all(files, tmp_path, good_writes):
+    # /topic/create?ttl= on a disk that fills at its first, second or third write: the
+    # answer is 500 and there is no topic, or 200 and the topic has its ttl; never a topic
+    # without the ttl it was asked for, in memory or after kill -9.
+    data = str(tmp_path / "data")
+
+    def ttls(core):
+        return {name: t.ttl_ms for name, t in core.topics.items()}
+
+    with EmbeddedBroker(data_path=data) as broker:
+        files.fail("write", errno.ENOSPC, after=good_writes)
+        request = urllib.request.Request(
+            f"http://{broker.http_address}/topic/create?topic=fresh&ttl=60s", data=b"",
+            method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                status = response.status
+        except urllib.error.HTTPError as err:
+            status = err.code
+        files.heal()
+        made = broker.call(ttls, broker.broker)
+        assert (status, made) in [(500, {}), (200, {"fresh": 60000})]
+        broker.call(crash, broker.broker)
+    with EmbeddedBroker(data_path=data) as restarted:
+        assert restarted.call(ttls, restarted.broker) == made

@@ -31,6 +31,19 @@ brings back the last completed sync, so nothing it covered may have been deleted
 damaged byte in a record that decides which channels own messages (it costs nothing),
 and a topic with more durable channels than a 64-bit mask.
 
+Leases, de-duplication and ttl too. A planner leases batches from channel ``s``
+(``reserve``), commits them (FIN), gives them back (REQ) or lets them time out, and
+replays them (adopts the lease), before and after restarts: a replay takes back exactly
+those of the lease's messages still waiting in the channel, in its order, with the
+attempts of its first delivery; the leases the broker holds and remembers are the
+model's; nothing committed comes back and nothing acknowledged is lost across
+``kill -9``. Producers publish with a producer id and sequence and repeat themselves:
+within the window (before or after a restart) a repeat publishes nothing and answers
+the first ids, other content is refused. Messages with a ttl (their own, or the
+topic's from ``create_topic(ttl_ms=...)``, which outlives a restart) are never
+delivered or leased past it on the manual clock; they may leave once expired, nothing
+else may.
+
 At the suite's budget the run is deterministic (``derandomize``): the same sequences
 every time, each planted storage bug among them found. ``PYNSQ_MODEL_EXAMPLES`` sets
 how many sequences to try, at random (a longer run finds what the fixed ones do not).
@@ -54,7 +67,8 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 from broker import Broker, Options
 from broker.backlog import OnDisk
 from broker.clock import ManualClock
-from broker.errors import StorageFailed
+from broker.errors import ProducerConflict, StorageFailed
+from broker.lease import LeaseJournal
 import broker.storage.store as store_module
 from broker.storage import DiskStore, records
 from broker.storage.store import SCAN_BLOCK
@@ -70,6 +84,10 @@ TOPICS = ["a", "b", "e#ephemeral"]
 CHANNELS = ["x", "y", "z#ephemeral"]
 MSG_TIMEOUT = 60.0
 MANY_CHANNELS = 66
+LEASED = "s"                     # the channel leases read from (no consumer stream on it)
+LEASE_TOPICS = ["a", "b"]
+DEDUPE_WINDOW_S = 150
+PRODUCERS = ["p", "q"]
 DOUBLED = {records.STATE, records.CHANNEL, records.TOPIC, records.FLUSH, records.EMPTY,
            records.CONFIG}
 
@@ -81,6 +99,27 @@ class Pending:
     until: float | None = None        # deferred until (monotonic), else ready
     in_flight: bool = False
     deadline: float = 0.0
+    expires: int = 0                  # wall ns past which it is never delivered (0: never)
+    lease: str | None = None          # the lease holding it, if one does
+    claim: str | None = None          # the remembered lease a replay takes it back for
+
+
+@dataclass
+class LeaseModel:
+    key: tuple[str, str]
+    ids: list[str]                    # what it holds, or held when given back, in order
+    first: dict[str, int]             # each message's attempts as first delivered to it
+    made_ids: list[str]               # as it was made (what the lease journal says)
+    held: bool = True                 # held, else given back (remembered while it claims one)
+    deadline: float = 0.0
+
+
+@dataclass
+class Produced:
+    topic: str
+    bodies: list[bytes]
+    ids: list[str]
+    at_ns: int
 
 
 @dataclass
@@ -94,6 +133,7 @@ class ChannelModel:
 class TopicModel:
     ephemeral: bool
     paused: bool = False
+    ttl_ms: int = 0
     channels: dict[str, ChannelModel] = field(default_factory=dict)
     held: dict[str, Pending] = field(default_factory=dict)
 
@@ -115,6 +155,12 @@ class StorageModel(RuleBasedStateMachine):
         self.files = FaultyFiles()
         self.synced: dict[str, TopicModel] = {}
         self.damaged: set[tuple[Path, int]] = set()   # (file, offset) of damaged records
+        # Leases held or remembered, in the order they were made (the lease journal's).
+        self.leases: dict[str, LeaseModel] = {}
+        self.past_leases: list[str] = []
+        # (producer id, sequence) -> what it published, while the broker must remember it.
+        self.produced: dict[tuple[str, int], Produced] = {}
+        self.synced_produced: dict[tuple[str, int], Produced] = {}
         self.start()
 
     # -- the broker ---------------------------------------------------------
@@ -124,11 +170,13 @@ class StorageModel(RuleBasedStateMachine):
         self.mid_pass = False
         # Syncs happen when a rule says so (not on the real clock's timeout).
         options = Options(data_path=self._tmp.name, mem_queue_size=3, max_bytes_per_file=1024,
-                          sync_every=1 << 30, sync_timeout=1 << 30)
+                          sync_every=1 << 30, sync_timeout=1 << 30,
+                          dedupe_window=DEDUPE_WINDOW_S * 1000)
         self.broker = Broker(options, clock=self.clock)
         self.store = DiskStore(self.broker, options, self.files)
         self.broker.storage = self.store
-        self.store.recover()
+        self.broker.recover(self.store, LeaseJournal(Path(self._tmp.name) / "leases.journal"))
+        self.session = self.broker.open_lease_session("planner").session_id
         # Messages waiting on disk are read ahead without waiting on the loop: from
         # the page cache at once (while ``page_cache_hot``), else by the reader thread;
         # here those reads wait until the rule that lets them arrive (so they arrive
@@ -155,9 +203,17 @@ class StorageModel(RuleBasedStateMachine):
             self.store.flush()
         self.observe_deliveries()
 
+    def stop(self, crash: bool = True) -> None:
+        """The broker stops: killed (nothing more written) or closed."""
+        if crash:
+            self.store.abandon()
+        else:
+            self.store.close()   # fsyncs everything
+        self.broker.lease_journal.close()
+
     def teardown(self) -> None:
         store_module.SCAN_BLOCK = SCAN_BLOCK
-        self.store.abandon()
+        self.stop()
         self._tmp.cleanup()
 
     # -- model helpers --------------------------------------------------------
@@ -182,7 +238,7 @@ class StorageModel(RuleBasedStateMachine):
         for c in t.channels.values():
             for msg_id, p in t.held.items():
                 until = p.until if p.until is not None and p.until > now else None
-                c.pending[msg_id] = Pending(p.body, until=until)
+                c.pending[msg_id] = Pending(p.body, until=until, expires=p.expires)
         t.held.clear()
 
     def observe_deliveries(self) -> None:
@@ -196,12 +252,37 @@ class StorageModel(RuleBasedStateMachine):
                 p = c.pending.get(msg.id)
                 assert p is not None, f"{msg.id} delivered on {key} but not pending there"
                 assert not p.in_flight and p.until is None, f"{msg.id} was not ready on {key}"
+                assert not self.expired(p), f"{msg.id} delivered on {key} past its ttl"
                 p.in_flight, p.deadline = True, self.clock.monotonic() + MSG_TIMEOUT
                 p.attempts = min(p.attempts + 1, 65535)
                 assert msg.attempts == p.attempts
                 assert msg.body == p.body
             if new:  # RDY bounds what a consumer holds after being handed more
                 assert len(consumer.in_flight) <= consumer.rdy
+        self.forget_what_expired()
+
+    def expired(self, p: Pending) -> bool:
+        return bool(p.expires) and p.expires <= self.clock.wall_ns()
+
+    def forget_what_expired(self) -> None:
+        """A message past its ttl leaves when the broker comes to deliver it (or before):
+        the model lets go of those that have left."""
+        for name, t in self.model.items():
+            topic = self.broker.topics[name]
+            for cname, c in t.channels.items():
+                if any(self.expired(p) and not p.in_flight for p in c.pending.values()):
+                    channel = topic.channels[cname]
+                    there = self.pending_in_broker(channel._ready, channel._deferred,
+                                                   channel._in_flight.live(), name)
+                    for msg_id in [i for i, p in c.pending.items() if i not in there
+                                   and self.expired(p) and not p.in_flight]:
+                        del c.pending[msg_id]
+            if any(self.expired(p) for p in t.held.values()):
+                there = self.pending_in_broker(topic._held, topic._held_later, [], name)
+                for msg_id in [i for i, p in t.held.items()
+                               if i not in there and self.expired(p)]:
+                    del t.held[msg_id]
+        self.forget_unclaimed_leases()
 
     # -- rules --------------------------------------------------------------
     @initialize(count=st.integers(0, 12))
@@ -209,6 +290,7 @@ class StorageModel(RuleBasedStateMachine):
         for channel in ("x", "y"):
             self.create_channel("a", channel)
             self.set_rdy_on(("a", channel), 2)
+        self.create_channel("a", LEASED)
         if count:
             self.publish("a", count, 0)
 
@@ -234,8 +316,11 @@ class StorageModel(RuleBasedStateMachine):
         self.broker.delete_channel(topic, channel)
         self.consumers.pop((topic, channel), None)
         del self.model[topic].channels[channel]
+        for lease_id in [i for i, lease in self.leases.items() if lease.key == (topic, channel)]:
+            del self.leases[lease_id]
         if self.model[topic].ephemeral and not self.model[topic].channels:
             del self.model[topic]
+            self.topic_gone(topic)
         self.end_of_pass()
 
     @precondition(lambda self: self.model)
@@ -247,11 +332,12 @@ class StorageModel(RuleBasedStateMachine):
             del self.consumers[key]
         del self.model[topic]
         self.synced.pop(topic, None)   # its directory is renamed away at once
+        self.topic_gone(topic)
         self.end_of_pass()
 
     @rule(topic=st.sampled_from(TOPICS), count=st.integers(1, 6),
           defer_s=st.sampled_from([0, 0, 0, 5, 90]))
-    def publish(self, topic: str, count: int, defer_s: int) -> None:
+    def publish(self, topic: str, count: int, defer_s: int, ttl_s: int = 0) -> None:
         bodies = []
         for _ in range(count):
             self.counter += 1
@@ -259,24 +345,325 @@ class StorageModel(RuleBasedStateMachine):
         t = self.topic_model(topic)   # the topic is made even if the publish is refused
         try:
             ids = self.broker.multi_publish(topic, bodies, defer_ms=[defer_s * 1000] * count
-                                            if defer_s else ())
+                                            if defer_s else (),
+                                            ttl_ms=[ttl_s * 1000] * count if ttl_s else ())
         except StorageFailed:
             assert self.store.failed, "a publish refused while the data path syncs"
             self.end_of_pass()
             return
-        until = self.clock.monotonic() + defer_s if defer_s else None
-        for msg_id, body in zip(ids, bodies):
-            if t.paused or not t.channels:
-                t.held[msg_id] = Pending(body, until=until)
-            else:
-                for c in t.channels.values():
-                    c.pending[msg_id] = Pending(body, until=until)
+        self.published(t, ids, bodies, defer_s, ttl_s * 1000 or t.ttl_ms)
         self.end_of_pass()
 
-    @precondition(lambda self: any(m.channels for m in self.model.values()))
+    def published(self, t: TopicModel, ids: list[str], bodies: list[bytes], defer_s: int = 0,
+                  ttl_ms: int = 0) -> None:
+        until = self.clock.monotonic() + defer_s if defer_s else None
+        expires = self.clock.wall_ns() + ttl_ms * 1_000_000 if ttl_ms else 0
+        for msg_id, body in zip(ids, bodies):
+            if t.paused or not t.channels:
+                t.held[msg_id] = Pending(body, until=until, expires=expires)
+            else:
+                for c in t.channels.values():
+                    c.pending[msg_id] = Pending(body, until=until, expires=expires)
+
+    @rule(topic=st.sampled_from(TOPICS), count=st.integers(1, 4),
+          defer_s=st.sampled_from([0, 0, 5]), ttl_s=st.sampled_from([10, 50, 200]))
+    def publish_with_a_ttl(self, topic: str, count: int, defer_s: int, ttl_s: int) -> None:
+        """Messages that live ``ttl_s`` seconds: never delivered past it, before or after
+        a restart."""
+        self.publish(topic, count, defer_s, ttl_s)
+
+    @rule(topic=st.sampled_from(TOPICS), ttl_s=st.sampled_from([0, 20, 90]))
+    def set_topic_ttl(self, topic: str, ttl_s: int) -> None:
+        """``/topic/create?ttl=``: the topic's messages published from now on live
+        ``ttl_s`` seconds (0: for ever); the setting outlives a restart."""
+        self.broker.create_topic(topic, ttl_ms=ttl_s * 1000)
+        self.topic_model(topic).ttl_ms = ttl_s * 1000
+        self.end_of_pass()
+
+    # -- de-duplication ---------------------------------------------------------
+    @rule(topic=st.sampled_from(TOPICS), producer=st.sampled_from(PRODUCERS),
+          sequence=st.integers(0, 2), count=st.integers(1, 2))
+    def publish_as_a_producer(self, topic: str, producer: str, sequence: int,
+                              count: int) -> None:
+        bodies = [f"{producer}{sequence}:{topic}:{i}-".encode() * 5 for i in range(count)]
+        self.publish_once(topic, bodies, producer, sequence)
+
+    @precondition(lambda self: self.produced)
+    @rule(data=st.data())
+    def a_producer_retries(self, data) -> None:
+        """A writer replays a request it sent before (same producer id, sequence and
+        content)."""
+        key = data.draw(st.sampled_from(sorted(self.produced)))
+        self.publish_once(self.produced[key].topic, self.produced[key].bodies, *key)
+
+    @rule(producer=st.sampled_from(PRODUCERS), sequence=st.integers(3, 4),
+          crash=st.booleans())
+    def a_producer_retries_after_the_file_of_its_batch_is_gone(self, producer: str,
+                                                              sequence: int,
+                                                              crash: bool) -> None:
+        """A batch is published with a producer id, read and committed; later files take
+        the place of its own, which is deleted; the broker restarts and the writer repeats
+        the batch: still inside the window, it publishes nothing."""
+        self.create_channel("c", LEASED)
+        bodies = [f"{producer}{sequence}:c:{i}-".encode() * 5 for i in range(2)]
+        self.publish_once("c", bodies, producer, sequence)
+        for _ in range(2):
+            self.take_a_batch("c", 6)
+            for lease_id in [i for i, lease in self.leases.items()
+                             if lease.key == ("c", LEASED) and lease.held]:
+                self.commit(lease_id)
+            self.publish("c", 6, 0)     # the next file
+        self.store.tick()
+        self.end_of_pass()
+        self.restart(crash)
+        self.publish_once("c", bodies, producer, sequence)
+
+    def publish_once(self, topic: str, bodies: list[bytes], producer: str,
+                     sequence: int) -> None:
+        """What the de-duplication window promises: a repeat of a request accepted less
+        than the window ago (before a restart too) publishes nothing and answers the first
+        ids; other content under the same producer and sequence is refused."""
+        first = self.produced.get((producer, sequence))
+        if first is not None and \
+                self.clock.wall_ns() - first.at_ns > DEDUPE_WINDOW_S * 1_000_000_000:
+            first = None    # out of the window: forgotten
+        same = first is not None and (first.topic, first.bodies) == (topic, bodies)
+        try:
+            ids = self.broker.multi_publish(topic, bodies, producer_id=producer,
+                                            sequence=sequence)
+        except ProducerConflict:
+            assert first is not None and not same, f"{producer}/{sequence} refused as a conflict"
+            self.end_of_pass()
+            return
+        except StorageFailed:
+            assert self.store.failed and not same, "a publish refused while the data path syncs"
+            self.topic_model(topic)
+            self.end_of_pass()
+            return
+        if same:
+            assert ids == first.ids, f"a repeat of {producer}/{sequence} published again"
+            event("a repeated publish was dropped")
+        else:
+            assert first is None, f"{producer}/{sequence} with other content was published"
+            t = self.topic_model(topic)
+            self.published(t, ids, bodies, 0, t.ttl_ms)
+            self.produced[(producer, sequence)] = Produced(topic, bodies, ids,
+                                                           self.clock.wall_ns())
+        self.end_of_pass()
+
+    def topic_gone(self, name: str) -> None:
+        """A topic was deleted: what its producers published is forgotten."""
+        for produced in (self.produced, self.synced_produced):
+            for key in [k for k, e in produced.items() if e.topic == name]:
+                del produced[key]
+        for lease_id in [i for i, lease in self.leases.items() if lease.key[0] == name]:
+            del self.leases[lease_id]
+
+    # -- leases ----------------------------------------------------------------
+    @rule(topic=st.sampled_from(LEASE_TOPICS), count=st.integers(1, 6))
+    def take_a_batch(self, topic: str, count: int) -> None:
+        """A planner leases up to ``count`` ready messages of the channel."""
+        c = self.channel_model(topic, LEASED)
+        lease, _ = self.broker.reserve(self.session, topic, LEASED, count,
+                                       int(MSG_TIMEOUT * 1000))
+        self.end_of_pass()
+        if lease is None:
+            return
+        now = self.clock.monotonic()
+        model = LeaseModel((topic, LEASED), [m.id for m in lease.order], {}, [],
+                           deadline=now + MSG_TIMEOUT)
+        model.made_ids = list(model.ids)
+        for msg in lease.order:
+            p = c.pending.get(msg.id)
+            assert p is not None, f"{msg.id} leased but not pending in {topic}/{LEASED}"
+            assert not p.in_flight and p.until is None, f"{msg.id} leased but not ready"
+            assert not self.expired(p), f"{msg.id} leased past its ttl"
+            p.in_flight, p.lease, p.deadline = True, lease.lease_id, now + MSG_TIMEOUT
+            p.attempts = min(p.attempts + 1, 65535)
+            assert (msg.attempts, msg.body) == (p.attempts, p.body)
+            model.first[msg.id] = p.attempts
+        self.leases[lease.lease_id] = model
+        self.past_leases.append(lease.lease_id)
+
+    def _lease(self, data, held_only: bool = False) -> str | None:
+        """A lease held or remembered (or, now and then, one long gone): one draw."""
+        pick = data.draw(st.integers(0, 2**16 - 1))
+        ids = [i for i, lease in self.leases.items() if lease.held or not held_only]
+        if not held_only and pick % 5 == 4 and self.past_leases:
+            ids = self.past_leases
+        return ids[pick % len(ids)] if ids else None
+
+    def taken_back(self, lease_id: str) -> list[str]:
+        """What a commit or a replay of ``lease_id`` holds: what it holds now, or, given
+        back, those of its messages that still wait in the channel, in its order."""
+        lease = self.leases.get(lease_id)
+        if lease is None:
+            return []
+        t = self.model.get(lease.key[0])
+        c = t.channels.get(lease.key[1]) if t is not None else None
+        if c is None:
+            del self.leases[lease_id]
+            return []
+        if lease.held:
+            held = [i for i in lease.ids if i in c.pending and c.pending[i].lease == lease_id]
+            if held:
+                return held
+            lease.held = False      # emptied out of its hands
+        for p in c.pending.values():
+            if p.claim == lease_id:
+                p.claim = None
+        del self.leases[lease_id]
+        if c.paused:
+            return []
+        waiting = [i for i in lease.ids if i in c.pending and not c.pending[i].in_flight
+                   and c.pending[i].until is None]
+        for msg_id in [i for i in waiting if self.expired(c.pending[i])]:
+            del c.pending[msg_id]   # leaves on the way
+        taken = [i for i in waiting if i in c.pending]
+        if taken:
+            now = self.clock.monotonic()
+            for msg_id in taken:
+                p = c.pending[msg_id]
+                p.in_flight, p.lease, p.deadline = True, lease_id, now + MSG_TIMEOUT
+                p.attempts = min(p.attempts + 1, 65535)
+            lease.ids, lease.held, lease.deadline = taken, True, now + MSG_TIMEOUT
+            self.leases[lease_id] = lease
+        return taken
+
+    @precondition(lambda self: self.past_leases)
+    @rule(data=st.data())
+    def commit_a_batch(self, data) -> None:
+        """The planner FINs a lease (its batch is committed): what it holds, or what of
+        it waits in the channel since it was given back, is gone for good."""
+        lease_id = self._lease(data)
+        if lease_id is not None:
+            self.commit(lease_id)
+
+    def commit(self, lease_id: str) -> None:
+        key = self.leases[lease_id].key if lease_id in self.leases else None
+        expected = self.taken_back(lease_id)
+        count, missing = self.broker.finish_leases([lease_id])
+        assert (count, missing) == (len(expected), [] if expected else [lease_id]), lease_id
+        if expected:
+            c = self.model[key[0]].channels[key[1]]
+            for msg_id in expected:
+                del c.pending[msg_id]
+            del self.leases[lease_id]
+        self.end_of_pass()
+
+    @precondition(lambda self: any(lease.held for lease in self.leases.values()))
+    @rule(data=st.data())
+    def give_back_a_batch(self, data) -> None:
+        """The planner requeues a lease (its batch failed): its messages wait at the front
+        of the channel, remembered as the lease's for a replay."""
+        lease_id = self._lease(data, held_only=True)
+        lease = self.leases[lease_id]
+        c = self.model[lease.key[0]].channels[lease.key[1]]
+        held = [i for i in lease.ids if i in c.pending and c.pending[i].lease == lease_id]
+        count, missing = self.broker.requeue_leases([lease_id])
+        assert (count, missing) == (len(held), [] if held else [lease_id]), lease_id
+        self.given_back(lease_id)
+        self.end_of_pass()
+
+    def given_back(self, lease_id: str) -> None:
+        lease = self.leases[lease_id]
+        lease.held = False
+        c = self.model[lease.key[0]].channels[lease.key[1]]
+        for msg_id in lease.ids:
+            p = c.pending.get(msg_id)
+            if p is not None and p.lease == lease_id:
+                p.in_flight, p.lease, p.claim = False, None, lease_id
+        self.forget_unclaimed_leases()
+
+    @precondition(lambda self: any(lease.held for lease in self.leases.values()))
+    @rule(data=st.data())
+    def touch_a_batch(self, data) -> None:
+        lease_id = self._lease(data, held_only=True)
+        lease = self.leases[lease_id]
+        c = self.model[lease.key[0]].channels[lease.key[1]]
+        held = [i for i in lease.ids if i in c.pending and c.pending[i].lease == lease_id]
+        count, missing = self.broker.touch_leases([lease_id])
+        assert (count, missing) == (len(held), [] if held else [lease_id]), lease_id
+        lease.deadline = self.clock.monotonic() + MSG_TIMEOUT
+        for msg_id in held:
+            c.pending[msg_id].deadline = lease.deadline
+        if not held:
+            self.given_back(lease_id)
+        self.end_of_pass()
+
+    @precondition(lambda self: self.past_leases)
+    @rule(data=st.data())
+    def replay_a_batch(self, data) -> None:
+        """A planner replays a batch: it adopts the lease, which takes back exactly those
+        of its messages still waiting in the channel (before or after a restart), in the
+        same order, each with the attempts it had when the lease first held it."""
+        lease_id = self._lease(data)
+        if lease_id is not None:
+            self.replay(lease_id)
+
+    def replay(self, lease_id: str) -> None:
+        expected = self.taken_back(lease_id)
+        count, missing = self.broker.adopt_leases(self.session, [lease_id])
+        assert (count, missing) == (len(expected), [] if expected else [lease_id]), lease_id
+        if expected:
+            lease = self.broker._leases[lease_id]
+            first = self.leases[lease_id].first
+            order = [m.id for m in lease.order]
+            assert order == expected, f"lease {lease_id} took back {order}, not {expected}"
+            attempts = lease.attempts_of(lease.order) or [m.attempts for m in lease.order]
+            assert attempts == [first[i] for i in order], lease_id
+            event("a lease replayed")
+        self.end_of_pass()
+
+    @rule(topic=st.sampled_from(LEASE_TOPICS), count=st.integers(2, 6),
+          give_back=st.booleans())
+    def a_batch_replayed_after_a_crash(self, topic: str, count: int, give_back: bool) -> None:
+        """A batch is leased (and failed: given back, or not), the broker is killed, and
+        the planner replays the batch on the restarted broker: it reads the same messages."""
+        made = len(self.past_leases)
+        self.take_a_batch(topic, count)
+        if len(self.past_leases) == made:
+            return
+        lease_id = self.past_leases[-1]
+        if give_back:
+            self.broker.requeue_leases([lease_id])
+            self.given_back(lease_id)
+            self.end_of_pass()
+        self.stop()
+        self.start()
+        self.restarted(self.model)
+        self.replay(lease_id)
+
+    def forget_unclaimed_leases(self) -> None:
+        """A lease given back is remembered while one of its messages waits in the channel
+        claimed by it (given back by no lease since)."""
+        claimed = {p.claim for t in self.model.values() for c in t.channels.values()
+                   for p in c.pending.values()}
+        for lease_id in [i for i, lease in self.leases.items()
+                         if not lease.held and i not in claimed]:
+            del self.leases[lease_id]
+
+    def leases_as_restarted(self) -> None:
+        """After a restart every lease not FINed and not forgotten is remembered (the lease
+        journal), as made: claiming its messages that wait in the channel, the latest made
+        last."""
+        for lease_id, lease in list(self.leases.items()):
+            t = self.model.get(lease.key[0])
+            c = t.channels.get(lease.key[1]) if t is not None else None
+            if c is None:
+                del self.leases[lease_id]
+                continue
+            lease.held, lease.ids = False, list(lease.made_ids)
+            for msg_id in lease.ids:
+                p = c.pending.get(msg_id)
+                if p is not None and p.until is None:
+                    p.claim = lease_id
+        self.forget_unclaimed_leases()
+
+    @precondition(lambda self: any(set(m.channels) - {LEASED} for m in self.model.values()))
     @rule(data=st.data(), rdy=st.integers(0, 5))
     def set_rdy(self, data, rdy: int) -> None:
-        pairs = sorted((t, c) for t, m in self.model.items() for c in m.channels)
+        pairs = sorted((t, c) for t, m in self.model.items() for c in m.channels if c != LEASED)
         self.set_rdy_on(data.draw(st.sampled_from(pairs)), rdy)
 
     def set_rdy_on(self, key: tuple[str, str], rdy: int) -> None:
@@ -351,6 +738,9 @@ class StorageModel(RuleBasedStateMachine):
     def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)
         now = self.clock.monotonic()
+        for lease_id, lease in list(self.leases.items()):
+            if lease.held and lease.deadline <= now:   # timed out: given back
+                self.given_back(lease_id)
         for t in self.model.values():
             for p in t.held.values():
                 if p.until is not None and p.until <= now:
@@ -378,6 +768,10 @@ class StorageModel(RuleBasedStateMachine):
         else:
             self.broker.channel(topic, channel).empty()
             t.channels[channel].pending.clear()
+            # A lease that held some of them holds nothing now, and nothing to take back.
+            for lease_id in [i for i, lease in self.leases.items()
+                             if lease.key == (topic, channel)]:
+                del self.leases[lease_id]
         self.end_of_pass()
 
     @precondition(lambda self: self.model)
@@ -420,15 +814,12 @@ class StorageModel(RuleBasedStateMachine):
     @rule(crash=st.booleans())
     def restart(self, crash: bool) -> None:
         event(f"restart after {self.counter} published, {self.fins} FINs by consume")
-        if crash:
-            self.store.abandon()
-        else:
-            self.store.close()   # fsyncs everything
+        self.stop(crash)
         self.start()
-        self.model = self.as_restarted(self.model)
+        self.restarted(self.model)
         if not crash:
             self.synced = copy.deepcopy(self.model)
-        self.check_everything_pending()
+            self.synced_produced = copy.deepcopy(self.produced)
 
     @rule()
     def sync(self) -> None:
@@ -436,6 +827,7 @@ class StorageModel(RuleBasedStateMachine):
         self.store.wait_synced()
         assert not self.store.failed
         self.synced = copy.deepcopy(self.model)
+        self.synced_produced = copy.deepcopy(self.produced)
 
     @rule()
     def power_loss(self) -> None:
@@ -446,19 +838,21 @@ class StorageModel(RuleBasedStateMachine):
         after it is there). A topic deleted since stays deleted (a rename, which this
         file system keeps), and one created since is there, empty."""
         event(f"power loss after {self.counter} published")
-        self.store.abandon()
+        self.stop()
         self.files.power_loss(self._tmp.name)
         self.start()
         model = copy.deepcopy(self.synced)
         for name, t in self.model.items():
             if name not in model and not t.ephemeral:
                 model[name] = TopicModel(ephemeral=False)
-        self.model = self.as_restarted(model)
+        self.produced = copy.deepcopy(self.synced_produced)
+        self.restarted(model)
         self.synced = copy.deepcopy(self.model)
-        self.check_everything_pending()
+        self.synced_produced = copy.deepcopy(self.produced)
 
     @rule(data=st.data(), op=st.sampled_from(["publish", "create", "delete", "pause",
-                                              "empty", "delete_topic"]))
+                                              "empty", "delete_topic", "produce", "lease",
+                                              "commit", "give_back"]))
     def killed_right_after_an_answer(self, data, op: str) -> None:
         """The broker is killed after a call was answered, before its event-loop pass
         ends: what the answer acknowledged is on disk (a PUB, a channel created or
@@ -479,6 +873,16 @@ class StorageModel(RuleBasedStateMachine):
             self.empty(data)
         elif op == "delete_topic" and self.model:
             self.delete_topic(data)
+        elif op == "produce":
+            self.publish_as_a_producer(data.draw(st.sampled_from(TOPICS)),
+                                       data.draw(st.sampled_from(PRODUCERS)),
+                                       data.draw(st.integers(0, 2)), data.draw(st.integers(1, 2)))
+        elif op == "lease":
+            self.take_a_batch(data.draw(st.sampled_from(LEASE_TOPICS)), data.draw(st.integers(1, 6)))
+        elif op == "commit" and self.past_leases:
+            self.commit_a_batch(data)
+        elif op == "give_back" and any(lease.held for lease in self.leases.values()):
+            self.give_back_a_batch(data)
         for key, count in received.items():   # deliveries of this pass: not counted
             if key in self.consumers:
                 c = self.model[key[0]].channels[key[1]]
@@ -486,10 +890,9 @@ class StorageModel(RuleBasedStateMachine):
                     if msg.id in c.pending:
                         c.pending[msg.id].attempts -= 1
         event(f"killed right after {op}")
-        self.store.abandon()
+        self.stop()
         self.start()
-        self.model = self.as_restarted(self.model)
-        self.check_everything_pending()
+        self.restarted(self.model)
 
     def pause_durably(self, data) -> None:
         """``pause``, but no unpause of a topic whose channels are all ephemeral while it
@@ -544,7 +947,7 @@ class StorageModel(RuleBasedStateMachine):
         """The broker is killed, and one byte of a record that decides which channels own
         messages (STATE, CHANNEL, TOPIC, FLUSH, EMPTY, CONFIG) is damaged on disk, in
         one copy of the two: the start finds everything as it was."""
-        self.store.abandon()
+        self.stop()
         candidates = []
         for path in sorted(Path(self._tmp.name).rglob("*.log")):
             for r in records.scan(path.read_bytes(), str(path)):
@@ -564,8 +967,7 @@ class StorageModel(RuleBasedStateMachine):
             self.damaged.add((path, record.offset))
             event(f"damaged a record of kind {record.kind}")
         self.start()
-        self.model = self.as_restarted(self.model)
-        self.check_everything_pending()
+        self.restarted(self.model)
 
     @precondition(lambda self: "b" not in self.model or len(self.model["b"].channels) < 8)
     @rule()
@@ -575,6 +977,16 @@ class StorageModel(RuleBasedStateMachine):
         for i in range(MANY_CHANNELS):
             self.create_channel("b", f"c{i:02d}")
         event("a topic with many durable channels")
+
+    def restarted(self, model: dict[str, TopicModel]) -> None:
+        """The model after a start: ``model`` as restarted, what expired meanwhile gone,
+        the leases remembered, and the broker checked against it."""
+        self.model = self.as_restarted(model)
+        for key in [k for k, e in self.produced.items() if not durable(e.topic)]:
+            del self.produced[key]
+        self.leases_as_restarted()
+        self.forget_what_expired()
+        self.check_everything_pending()
 
     def as_restarted(self, model: dict[str, TopicModel]) -> dict[str, TopicModel]:
         """What a restart makes of ``model``: nothing ephemeral, nothing in flight, and
@@ -589,7 +1001,7 @@ class StorageModel(RuleBasedStateMachine):
             for c in t.channels.values():
                 pendings += c.pending.values()
             for p in pendings:
-                p.in_flight = False
+                p.in_flight, p.lease, p.claim = False, None, None
                 if p.until is not None and p.until <= now:
                     p.until = None
         return model
@@ -630,24 +1042,42 @@ class StorageModel(RuleBasedStateMachine):
             assert {s: n for s, n in topic_log.refs.items() if n} == counted, name
 
     @invariant()
+    def check_the_leases(self) -> None:
+        """The leases the broker holds, and those it remembers for a replay, are the
+        model's."""
+        held = {i for i, lease in self.broker._leases.items()
+                if lease.in_flight and not lease.channel.deleted}
+        remembered = {i for i, old in self.broker._requeued.items() if not old.channel.deleted}
+        assert held == {i for i, lease in self.leases.items() if lease.held}, "held"
+        expected = {i for i, lease in self.leases.items() if not lease.held}
+        assert remembered == expected, f"remembered: {remembered} but {expected}"
+
+    @invariant()
     def check_everything_pending(self) -> None:
         assert set(self.broker.topics) == set(self.model)
         for name, t in self.model.items():
             topic = self.broker.topics[name]
             assert topic.paused == t.paused
+            assert topic.ttl_ms == t.ttl_ms, name
             assert set(topic.channels) == set(t.channels)
             held = self.pending_in_broker(topic._held, topic._held_later, [], name)
-            assert set(held) == set(t.held), f"held in {name}"
+            # What is past its ttl may have left; nothing else may.
+            gone = {i for i, p in t.held.items() if self.expired(p)}
+            assert set(t.held) - gone <= set(held) <= set(t.held), f"held in {name}"
             for msg_id, p in t.held.items():
-                if p.until is not None:
+                if p.until is not None and msg_id in held:
                     assert held[msg_id][1] == pytest.approx(p.until, abs=1e-3)
             for cname, c in t.channels.items():
                 channel = topic.channels[cname]
                 assert channel.paused == c.paused
                 got = self.pending_in_broker(channel._ready, channel._deferred,
                                              channel._in_flight.live(), name)
-                assert set(got) == set(c.pending), f"pending in {name}/{cname}"
+                gone = {i for i, p in c.pending.items() if self.expired(p) and not p.in_flight}
+                assert set(c.pending) - gone <= set(got) <= set(c.pending), \
+                    f"pending in {name}/{cname}"
                 for msg_id, p in c.pending.items():
+                    if msg_id not in got:
+                        continue
                     attempts, until, in_flight = got[msg_id]
                     assert in_flight == p.in_flight, msg_id
                     if not in_flight:

@@ -329,6 +329,11 @@ class Replay:
                 yield (locs[slot], attempts.get((slot, bit), 0),
                        deferred.get((slot, bit), due[slot]))
 
+    def locations(self, ids: "set[int]") -> set[int]:
+        """The log locations of the messages with these ids (those the log has)."""
+        slots = (self._find(msg_id) for msg_id in ids)
+        return {self._locs[slot] for slot in slots if slot is not None}
+
     def copies_per_segment(self) -> dict[int, int]:
         """Segment -> pending copies in it (the topic's hold counting one)."""
         counts: dict[int, int] = {}

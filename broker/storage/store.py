@@ -276,6 +276,7 @@ class DiskStore(Store):
         self.options = options
         self.files = files or fileops.current
         self.spill_limit = options.mem_queue_size
+        self._leased: dict[str, dict[str, set[int]]] = {}   # see ``recover``
         self.path = Path(options.data_path)
         self.files.mkdir(str(self.path))
         self._lock_fd = self._lock()
@@ -555,6 +556,9 @@ class DiskStore(Store):
         if topic.ephemeral or self._restoring:
             return
         topic_log = self._new_log(topic.name)
+        settings = deadletter.settings_of(topic, None)
+        if settings:  # made with its settings (a ttl): written in the first file's one write
+            self._logged[topic.name].config[""] = json.dumps(settings, sort_keys=True).encode()
         try:
             topic_log.start_appending()
         except OSError as err:
@@ -886,10 +890,14 @@ class DiskStore(Store):
         self._check_sync()
 
     # -- start and stop ---------------------------------------------------
-    def recover(self) -> None:
+    def recover(self, leased: "dict[str, dict[str, set[int]]] | None" = None) -> None:
         """Restore topics, channels and every pending message from the data path.
-        Reads everything before it writes anything."""
+        Reads everything before it writes anything. ``leased``: topic -> channel -> ids
+        of messages a kept lease may take back; those that wait are restored in memory,
+        at the front of their channel (as a lease gives its messages back), past
+        ``--mem-queue-size``, so a replay takes back every one."""
         started = time.monotonic()
+        self._leased = leased or {}
         self._restoring = True
         restored = 0
         topics_dir = self.path / "topics"
@@ -1014,9 +1022,11 @@ class DiskStore(Store):
         for seg, count in replay.copies_per_segment().items():
             topic_log.hold(seg, count)
         now_ns = self.broker.clock.wall_ns()
+        leased = self._leased.get(name, {})
         for channel_name in replay.channels:
+            keep = replay.locations(leased[channel_name]) if channel_name in leased else None
             topic.channels[channel_name].restore(
-                *self._queues(topic, replay.pending(channel_name), now_ns))
+                *self._queues(topic, replay.pending(channel_name), now_ns, keep))
         topic.restore_held(*self._queues(topic, replay.pending(None), now_ns))
         for seg, payload in replay.dedupe:
             self.broker.dedupe.restore(payload, topic.name)
@@ -1024,14 +1034,18 @@ class DiskStore(Store):
         topic_log.reclaim()
         return replay.count()
 
-    def _queues(self, topic: "Topic", entries: Iterable[tuple[int, int, int]], now_ns: int
+    def _queues(self, topic: "Topic", entries: Iterable[tuple[int, int, int]], now_ns: int,
+                keep: "set[int] | None" = None
                 ) -> tuple[list[Message], array, list[tuple[Message, float]], array | None,
-                           Iterable[tuple[int, int, float]]]:
+                           Iterable[tuple[int, int, float]], list[Message]]:
         """What ``Channel.restore`` takes: ready in memory, ready on disk only, deferred in
         memory with seconds left, the delivery counts of those ready on disk only (None:
-        all 0), and (loc, attempts, seconds left) of those deferred on disk only. At
-        most ``spill_limit`` ready and as many deferred are read into memory."""
+        all 0), (loc, attempts, seconds left) of those deferred on disk only, and those
+        to keep in memory at the front whatever the limit: every ready one whose location
+        is in ``keep`` (a kept lease's). At most ``spill_limit`` others ready and as many
+        deferred are read into memory."""
         ready: list[Message] = []
+        front: list[Message] = []
         on_disk = array("q")
         on_disk_attempts: array | None = None
         deferred: list[tuple[Message, float]] = []
@@ -1044,7 +1058,7 @@ class DiskStore(Store):
                     later_attempts.append(attempts)
                     later_delays.append((deliver_at - now_ns) / 1e9)
                     continue
-            elif on_disk or len(ready) >= limit:
+            elif (on_disk or len(ready) >= limit) and not (keep and loc in keep):
                 if attempts and on_disk_attempts is None:
                     on_disk_attempts = array("H", bytes(2 * len(on_disk)))
                 on_disk.append(loc)
@@ -1062,10 +1076,12 @@ class DiskStore(Store):
             msg.attempts = attempts
             if deliver_at > now_ns:
                 deferred.append((msg, (deliver_at - now_ns) / 1e9))
+            elif keep and loc in keep:
+                front.append(msg)
             else:
                 ready.append(msg)
         return (ready, on_disk, deferred, on_disk_attempts,
-                zip(later_locs, later_attempts, later_delays))
+                zip(later_locs, later_attempts, later_delays), front)
 
     def abandon(self) -> None:
         """Let go of the data path writing nothing more: what ``kill -9`` leaves
