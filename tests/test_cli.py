@@ -1,18 +1,37 @@
-"""`pynsq` as users type it, against a real broker."""
+"""`pynsq` as users type it, against a real broker: in-process, as its console script
+runs it (``broker.cli:main``), so that a mutation run sees which tests reach which code;
+the console script itself runs in the tests of ``--version`` and of two tails at once."""
 
 from __future__ import annotations
 
+import io
 import subprocess
+import sys
 
 import pytest
+
+from broker.cli import main
 
 from .grpckit import so_far
 from .helpers import bin_path, wait_for
 
 
-def pynsq(address: str, *args: str, stdin: str | None = None, timeout: float = 30):
-    return subprocess.run([bin_path("pynsq"), "--address", address, *args], input=stdin,
-                          capture_output=True, text=True, timeout=timeout)
+def pynsq(address: str, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    """``pynsq --address ADDRESS ARGS...`` with ``stdin``; its exit code and what it wrote."""
+    argv = ["--address", address, *args]
+    stdout = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
+    stderr = io.StringIO()
+    saved = sys.stdin, sys.stdout, sys.stderr
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode()), encoding="utf-8")
+    sys.stdout, sys.stderr = stdout, stderr
+    try:
+        code = main(argv)
+    except SystemExit as exit_:   # argparse: usage errors (2), --help (0)
+        code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = saved
+    return subprocess.CompletedProcess(argv, code, stdout.buffer.getvalue().decode(),
+                                       stderr.getvalue())
 
 
 def test_pub_with_a_body_publishes_one_message(broker, client):
@@ -159,7 +178,7 @@ def test_an_unreachable_address_is_named_without_a_traceback():
 ])
 def test_usage_and_value_errors_are_one_line_with_exit_code_2(args, text):
     """Checked before any broker is asked: the address answers nothing."""
-    result = pynsq("127.0.0.1:1", *args, stdin="")
+    result = pynsq("127.0.0.1:1", *args)
     assert result.returncode == 2, result.stderr
     assert text in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
