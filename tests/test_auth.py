@@ -52,6 +52,9 @@ def test_subscribe_needs_subscribe_and_both_regexes():
     assert not state.is_allowed("events", "other")
     assert not state.is_allowed("events2", "archive")
     assert not state.is_allowed("events")           # publishing needs publish
+    inside = parse_reply(json.dumps(reply(subscribe="vent", channels=("rch",))), now=0)
+    assert inside.is_allowed("events", "archive")   # both regexes searched, not matched
+    assert not inside.is_allowed("events", "spark")
 
 
 @pytest.mark.parametrize("doc, problem", [
