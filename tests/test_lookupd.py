@@ -67,13 +67,15 @@ def test_lookupd_addresses_come_from_toml_as_a_list(tmp_path):
 class LookupV1Server:
     """A real TCP server speaking NSQ's lookup protocol V1 as far as a producer needs:
     it reads the magic and each command (IDENTIFY with its body), answers ``OK``, and
-    records (monotonic time, command line). ``drop`` closes the connections it has;
-    with ``refuse`` set it closes each new one at once."""
+    records (monotonic time, command line); ``answers`` gives another answer to a verb.
+    ``drop`` closes the connections it has; with ``refuse`` set it closes each new one
+    at once."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, answers: dict[bytes, bytes] | None = None) -> None:
         self.sock = socket.create_server(("127.0.0.1", port))
         self.address = "127.0.0.1:%d" % self.sock.getsockname()[1]
         self.received: list[tuple[float, bytes]] = []
+        self.answers = answers or {}
         self.refuse = False
         self._conns: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
@@ -113,7 +115,8 @@ class LookupV1Server:
                 self.received.append((time.monotonic(), line.strip()))
                 if line.startswith(b"IDENTIFY"):
                     reader.read(int.from_bytes(reader.read(4), "big"))
-                conn.sendall(b"\x00\x00\x00\x02OK")
+                answer = self.answers.get(line.split()[0], b"OK")
+                conn.sendall(len(answer).to_bytes(4, "big") + answer)
         except OSError:
             pass
         finally:
@@ -140,6 +143,25 @@ def test_an_idle_registration_pings_each_ping_interval(monkeypatch):
     assert set(server.commands()[1:]) == {b"PING"}   # a broker with no topics: nothing else
     times = [at for at, _line in server.received]
     assert all(later - earlier >= 0.18 for earlier, later in zip(times, times[1:])), times
+
+
+def test_an_error_answer_is_logged_naming_the_command_and_the_answer_and_the_rest_goes_on(
+        caplog):
+    server = LookupV1Server(answers={b"REGISTER": b"E_INVALID no \xff"})
+    try:
+        with EmbeddedBroker(lookupd_tcp_address=(server.address,),
+                            broadcast_address="127.0.0.1") as broker:
+            broker.call(broker.broker.create_channel, "events", "spark")
+            wait_for(lambda: b"REGISTER events spark" in server.commands(), 10,
+                     message="the registration")
+            broker.call(broker.broker.delete_topic, "events")
+            wait_for(lambda: b"UNREGISTER events" in server.commands(), 10,
+                     message="what follows an error answer")
+    finally:
+        server.close()
+    logged = [r.getMessage() for r in caplog.records if "answered" in r.getMessage()]
+    assert f"nsqlookupd {server.address}: REGISTER events spark answered E_INVALID no \ufffd" \
+        in logged, logged
 
 
 def test_reconnect_delays_double_up_to_the_most_and_start_over_once_registered(monkeypatch):
