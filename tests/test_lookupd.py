@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -110,7 +111,8 @@ class LookupV1Server:
     def _serve(self, conn: socket.socket) -> None:
         reader = conn.makefile("rb")
         try:
-            assert reader.read(4) == b"  V1"
+            if reader.read(4) != b"  V1":   # closed before the magic
+                return
             while line := reader.readline():
                 self.received.append((time.monotonic(), line.strip()))
                 if line.startswith(b"IDENTIFY"):
@@ -130,7 +132,8 @@ def test_nsqds_timing_is_the_default_ping_every_15_s_reconnect_within_a_quarter_
     assert timing == Timing()
 
 
-def test_an_idle_registration_pings_each_ping_interval(monkeypatch):
+def test_an_idle_registration_pings_each_ping_interval(monkeypatch, caplog):
+    caplog.set_level(logging.INFO, "pynsqd")
     server = LookupV1Server()
     monkeypatch.setattr(lookupd_module, "NSQD_TIMING", Timing(ping_interval=0.2))
     try:
@@ -139,6 +142,7 @@ def test_an_idle_registration_pings_each_ping_interval(monkeypatch):
             wait_for(lambda: server.commands().count(b"PING") >= 3, 10, message="three PINGs")
     finally:
         server.close()
+    assert f"nsqlookupd {server.address}: registered" in caplog.messages
     assert server.commands()[0] == b"IDENTIFY"
     assert set(server.commands()[1:]) == {b"PING"}   # a broker with no topics: nothing else
     times = [at for at, _line in server.received]
@@ -162,6 +166,29 @@ def test_an_error_answer_is_logged_naming_the_command_and_the_answer_and_the_res
     logged = [r.getMessage() for r in caplog.records if "answered" in r.getMessage()]
     assert f"nsqlookupd {server.address}: REGISTER events spark answered E_INVALID no \ufffd" \
         in logged, logged
+
+
+def test_a_refused_identify_is_logged_with_the_answer_and_nothing_is_registered(
+        monkeypatch, caplog):
+    server = LookupV1Server(answers={b"IDENTIFY": b"E_BAD_BODY version missing"})
+    delays: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        delays.append(delay)
+        await asyncio.sleep(0.005)
+
+    monkeypatch.setattr(lookupd_module, "NSQD_TIMING", Timing(sleep=sleep))
+    try:
+        with EmbeddedBroker(lookupd_tcp_address=(server.address,),
+                            broadcast_address="127.0.0.1") as broker:
+            broker.call(broker.broker.create_channel, "events", "spark")
+            wait_for(lambda: len(delays) >= 3, 10, message="three refused attempts")
+    finally:
+        server.close()
+    assert set(server.commands()) == {b"IDENTIFY"}
+    assert delays[:3] == [0.25, 0.5, 1.0]
+    assert (f"nsqlookupd {server.address}: connection lost (IDENTIFY refused: "
+            f"E_BAD_BODY version missing); reconnecting") in caplog.messages
 
 
 def test_reconnect_delays_double_up_to_the_most_and_start_over_once_registered(monkeypatch):
