@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from broker import EmbeddedBroker, lookupd as lookupd_module
+from broker import EmbeddedBroker, __version__, lookupd as lookupd_module
 from broker.lookupd import (Timing, identify_command, parse_response, register_command,
                             unregister_command)
 from broker.options import Options
@@ -77,6 +77,7 @@ class LookupV1Server:
         self.address = "127.0.0.1:%d" % self.sock.getsockname()[1]
         self.received: list[tuple[float, bytes]] = []
         self.answers = answers or {}
+        self.identified: dict = {}    # the last IDENTIFY's body
         self.refuse = False
         self._conns: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
@@ -116,7 +117,8 @@ class LookupV1Server:
             while line := reader.readline():
                 self.received.append((time.monotonic(), line.strip()))
                 if line.startswith(b"IDENTIFY"):
-                    reader.read(int.from_bytes(reader.read(4), "big"))
+                    self.identified = json.loads(
+                        reader.read(int.from_bytes(reader.read(4), "big")))
                 answer = self.answers.get(line.split()[0], b"OK")
                 conn.sendall(len(answer).to_bytes(4, "big") + answer)
         except OSError:
@@ -138,11 +140,15 @@ def test_an_idle_registration_pings_each_ping_interval(monkeypatch, caplog):
     monkeypatch.setattr(lookupd_module, "NSQD_TIMING", Timing(ping_interval=0.2))
     try:
         with EmbeddedBroker(lookupd_tcp_address=(server.address,),
-                            broadcast_address="127.0.0.1"):
+                            broadcast_address="127.0.0.1") as broker:
             wait_for(lambda: server.commands().count(b"PING") >= 3, 10, message="three PINGs")
+            tcp_port, http_port = _ports(broker)
     finally:
         server.close()
     assert f"nsqlookupd {server.address}: registered" in caplog.messages
+    assert server.identified == {"broadcast_address": "127.0.0.1",
+                                 "hostname": socket.gethostname(), "tcp_port": tcp_port,
+                                 "http_port": http_port, "version": __version__}
     assert server.commands()[0] == b"IDENTIFY"
     assert set(server.commands()[1:]) == {b"PING"}   # a broker with no topics: nothing else
     times = [at for at, _line in server.received]
