@@ -187,6 +187,20 @@ def test_an_expired_message_is_never_delivered_and_is_counted():
     assert short not in drain(broker, "events", "work")
 
 
+def test_a_message_is_expired_from_the_instant_its_ttl_ends_for_leases_and_consumers():
+    broker, clock = new_broker()
+    broker.create_channel("events", "spark")
+    broker.create_channel("events", "work")
+    broker.multi_publish("events", [b"a", b"b"], ttl_ms=[1000, 1000])
+    clock.advance(1)                                 # exactly the ttl
+    session = broker.open_lease_session()
+    lease, _ = broker.reserve(session.session_id, "events", "spark", 10)
+    assert lease is None
+    assert drain(broker, "events", "work") == {}
+    assert (stats(broker, "events", "spark").expired_count,
+            stats(broker, "events", "work").expired_count) == (2, 2)
+
+
 def test_a_message_delivered_before_its_ttl_but_requeued_after_it_expires():
     broker, clock = new_broker()
     msg_id = broker.publish("events", b"x", ttl_ms=5000)
