@@ -228,7 +228,7 @@ def test_pynsq_cli_speaks_tls_and_the_auth_secret(certs, capsys):
     ({"tls_client_auth_policy": "maybe"}, "tls-client-auth-policy"),
     ({"tls_client_auth_policy": "require", "tls_cert": "a", "tls_key": "b"},
      "needs tls-root-ca-file"),
-    ({"https_address": "127.0.0.1:0"}, "https-address needs tls-cert"),
+    ({"https_address": "127.0.0.1:0"}, "^https-address needs tls-cert and tls-key$"),
     ({"auth_http_request_method": "put"}, "must be post or get"),
 ])
 def test_bad_security_options_are_refused_naming_the_option(options, problem):
@@ -255,7 +255,14 @@ def test_toml_keys_match_nsqds(tmp_path, certs):
 def test_listening_beyond_loopback_without_tls_or_auth_is_warned_of(certs):
     assert exposure_warnings(Options()) == []
     warnings = exposure_warnings(Options(tcp_address="0.0.0.0:4150"))
-    assert len(warnings) == 2 and "without TLS" in warnings[0] and "without auth" in warnings[1]
+    assert warnings == [
+        "listening beyond loopback (--tcp-address 0.0.0.0:4150) without TLS "
+        "(--tls-cert/--tls-key): traffic is plain text",
+        "listening beyond loopback (--tcp-address 0.0.0.0:4150) without auth "
+        "(--auth-http-address): anyone who connects may publish, consume, empty or delete"]
+    named = exposure_warnings(Options(http_address="broker.example:4151"))
+    assert len(named) == 2 and "(--http-address broker.example:4151)" in named[0]
+    assert exposure_warnings(Options(http_address="localhost:4151")) == []
     assert exposure_warnings(Options(
         grpc_address="10.0.0.1:4170", tls_cert=certs.server_cert, tls_key=certs.server_key,
         auth_http_addresses=["127.0.0.1:4181"])) == []
