@@ -25,6 +25,7 @@ import json
 import logging
 import socket
 import struct
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from . import __version__
@@ -36,16 +37,30 @@ log = logging.getLogger("pynsqd")
 
 MAGIC = b"  V1"
 PING = b"PING\n"
-PING_INTERVAL = 15.0  # nsqd's
 RESPONSE_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 5.0
-RECONNECT_DELAY_MIN, RECONNECT_DELAY_MAX = 0.25, 5.0
 SIZE = struct.Struct(">i")
 MAX_RESPONSE = 1 << 20
 
 
 class LookupdError(Exception):
     """nsqlookupd answered a command with an error (``E_INVALID ...``)."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """When a connection PINGs and how long it waits before reconnecting: nsqd's.
+
+    ``sleep`` waits out a reconnect delay; a test gives its own to see the delays
+    without waiting them.
+    """
+    ping_interval: float = 15.0          # idle this long, a PING
+    reconnect_delay_min: float = 0.25    # doubling after each failed attempt...
+    reconnect_delay_max: float = 5.0     # ...up to this; back to the least once registered
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+
+
+NSQD_TIMING = Timing()
 
 
 # -- the wire: pure functions of bytes ----------------------------------------
@@ -96,8 +111,10 @@ def registration_commands(broker: Broker) -> list[bytes]:
 class LookupdPeer:
     """One nsqlookupd: a connection kept up, registering what the broker has."""
 
-    def __init__(self, address: str, broker: Broker, peer_info: Callable[[], dict]) -> None:
+    def __init__(self, address: str, broker: Broker, peer_info: Callable[[], dict],
+                 timing: Timing = NSQD_TIMING) -> None:
         self.address = address
+        self.timing = timing
         self.host, self.port = split_host_port(address, "lookupd-tcp-address")
         self.broker = broker
         self.peer_info = peer_info
@@ -119,7 +136,8 @@ class LookupdPeer:
             self._commands.put_nowait(command)
 
     async def _run(self) -> None:
-        delay, reported = RECONNECT_DELAY_MIN, False
+        least, most = self.timing.reconnect_delay_min, self.timing.reconnect_delay_max
+        delay, reported = least, False
         while True:
             try:
                 reader, writer = await asyncio.wait_for(
@@ -129,8 +147,8 @@ class LookupdPeer:
                     log.warning("nsqlookupd %s: cannot connect (%s); retrying", self.address,
                                 err)
                     reported = True
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RECONNECT_DELAY_MAX)
+                await self.timing.sleep(delay)
+                delay = min(delay * 2, most)
                 continue
             try:
                 await self._session(reader, writer)
@@ -142,9 +160,9 @@ class LookupdPeer:
                 self.connected.clear()
                 writer.close()
             if self._registered:  # it worked for a while: retry soon
-                delay, reported, self._registered = RECONNECT_DELAY_MIN, False, False
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RECONNECT_DELAY_MAX)
+                delay, reported, self._registered = least, False, False
+            await self.timing.sleep(delay)
+            delay = min(delay * 2, most)
 
     async def _session(self, reader: asyncio.StreamReader,
                        writer: asyncio.StreamWriter) -> None:
@@ -175,7 +193,8 @@ class LookupdPeer:
                 await call(command)
             log.info("nsqlookupd %s: registered", self.address)
             while True:
-                command = await _first(self._commands.get(), reading, PING_INTERVAL)
+                command = await _first(self._commands.get(), reading,
+                                       self.timing.ping_interval)
                 await call(command or PING)
         finally:
             reading.cancel()
@@ -219,12 +238,13 @@ async def _read_responses(reader: asyncio.StreamReader, into: asyncio.Queue) -> 
 class LookupdRegistration:
     """Registration with every ``--lookupd-tcp-address``, following the core's changes."""
 
-    def __init__(self, broker: Broker, addresses: dict[str, str]) -> None:
+    def __init__(self, broker: Broker, addresses: dict[str, str],
+                 timing: Timing | None = None) -> None:
         self.broker = broker
         self.addresses = addresses  # the bound servers' addresses: tcp, http, grpc
         options = broker.options
         self.broadcast_address = options.broadcast_address or socket.gethostname()
-        self.peers = [LookupdPeer(a, broker, self.peer_info)
+        self.peers = [LookupdPeer(a, broker, self.peer_info, timing or NSQD_TIMING)
                       for a in options.lookupd_tcp_address]
 
     def peer_info(self) -> dict:

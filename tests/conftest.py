@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
+import broker as broker_package
 from broker import Client, EmbeddedBroker
+
+# Under mutmut the tests import its mutated copy (mutants/); the pynsqd and pynsq
+# subprocesses they start import that copy too, so a planted bug is in both.
+_SOURCE_ROOT = Path(broker_package.__file__).resolve().parent.parent
+if _SOURCE_ROOT.name == "mutants":
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(_SOURCE_ROOT), os.environ.get("PYTHONPATH")]))
 
 
 @pytest.fixture

@@ -86,12 +86,12 @@ class NsqProcess:
 class Lookupd(NsqProcess):
     """A real nsqlookupd on two free loopback ports (the same ports across restarts)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *flags: str) -> None:
         self.tcp_address = f"127.0.0.1:{free_port()}"
         self.http_address = f"127.0.0.1:{free_port()}"
         super().__init__([nsq_binary("nsqlookupd"), "--tcp-address", self.tcp_address,
                           "--http-address", self.http_address,
-                          "--broadcast-address", "127.0.0.1", "--log-level", "warn"],
+                          "--broadcast-address", "127.0.0.1", "--log-level", "warn", *flags],
                          f"http://{self.http_address}/ping")
 
     def lookup(self, topic: str) -> list[dict]:

@@ -18,8 +18,9 @@ import pytest
 from broker import Client, ClientError, EmbeddedBroker
 from broker import columns
 from broker.api import broker_pb2 as pb
+from broker.options import Options
 from broker.security.auth import (AuthError, Authenticator, AuthFailed, ClientAuth, Identity,
-                                  InvalidAuthReply, parse_reply)
+                                  InvalidAuthReply, auth_url, parse_reply)
 
 from .authserver import AuthServer, reply
 from .securitykit import CLIENT_NAME, Raw, http, make_certs
@@ -52,6 +53,9 @@ def test_subscribe_needs_subscribe_and_both_regexes():
     assert not state.is_allowed("events", "other")
     assert not state.is_allowed("events2", "archive")
     assert not state.is_allowed("events")           # publishing needs publish
+    inside = parse_reply(json.dumps(reply(subscribe="vent", channels=("rch",))), now=0)
+    assert inside.is_allowed("events", "archive")   # both regexes searched, not matched
+    assert not inside.is_allowed("events", "spark")
 
 
 @pytest.mark.parametrize("doc, problem", [
@@ -61,12 +65,31 @@ def test_subscribe_needs_subscribe_and_both_regexes():
                                      "permissions": ["publish"]}]}, "unable to compile topic"),
     ({"ttl": 60, "authorizations": [{"topic": ".*", "channels": ["[a"],
                                      "permissions": ["publish"]}]}, "unable to compile channel"),
+    ({"ttl": 60, "authorizations": [{"topic": 5, "channels": [],
+                                     "permissions": ["publish"]}]},
+     "unable to compile topic 5: not a string"),
     ({"ttl": 0, "authorizations": []}, "invalid TTL 0"),
     ({"authorizations": []}, "invalid TTL"),
 ])
 def test_an_answer_breaking_nsqds_rules_is_refused_naming_why(doc, problem):
     with pytest.raises(InvalidAuthReply, match=problem):
         parse_reply(json.dumps(doc), now=0)
+
+
+def test_an_answer_keeps_its_identity_and_a_missing_topic_regex_is_nsqds_empty_one():
+    doc = {"ttl": 60, "identity": "alice", "identity_url": "http://id/alice",
+           "authorizations": [{"channels": [".*"], "permissions": ["publish"]}]}
+    state = parse_reply(json.dumps(doc), now=0)
+    assert (state.identity, state.identity_url) == ("alice", "http://id/alice")
+    assert state.is_allowed("any-topic")            # "" is found in every name
+    assert parse_reply(json.dumps({"ttl": 60}), now=0).identity == ""
+
+
+def test_auth_addresses_are_host_port_or_a_full_url_and_the_method_is_the_options():
+    assert auth_url("127.0.0.1:4181") == "http://127.0.0.1:4181/auth"
+    assert auth_url("https://auth.example/check") == "https://auth.example/check"
+    options = Options(auth_http_addresses=("127.0.0.1:4181",), auth_http_request_method="POST")
+    assert Authenticator.from_options(options).method == "post"
 
 
 def test_a_connection_keeps_its_answer_for_its_ttl_and_every_auth_asks_again():
@@ -152,7 +175,7 @@ def test_identify_says_auth_required_and_tls_then_auth_then_publish(secure, cert
     (None, "PUB sec-x", b"m", b"E_AUTH_FIRST"),
     (None, "SUB sec-x ok", None, b"E_AUTH_FIRST"),
     ("wrong", None, None, b"E_AUTH_FAILED"),
-    ("nothing", None, None, b"E_UNAUTHORIZED"),
+    ("nothing", None, None, b"E_UNAUTHORIZED AUTH no authorizations found"),
     ("writer", "PUB elsewhere", b"m", b"E_UNAUTHORIZED"),
     ("writer", "SUB sec-x ok", None, b"E_UNAUTHORIZED"),
     ("reader", "SUB sec-x other", None, b"E_UNAUTHORIZED"),

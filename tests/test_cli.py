@@ -1,18 +1,37 @@
-"""`pynsq` as users type it, against a real broker."""
+"""`pynsq` as users type it, against a real broker: in-process, as its console script
+runs it (``broker.cli:main``), so that a mutation run sees which tests reach which code;
+the console script itself runs in the tests of ``--version`` and of two tails at once."""
 
 from __future__ import annotations
 
+import io
 import subprocess
+import sys
 
 import pytest
+
+from broker.cli import main
 
 from .grpckit import so_far
 from .helpers import bin_path, wait_for
 
 
-def pynsq(address: str, *args: str, stdin: str | None = None, timeout: float = 30):
-    return subprocess.run([bin_path("pynsq"), "--address", address, *args], input=stdin,
-                          capture_output=True, text=True, timeout=timeout)
+def pynsq(address: str, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    """``pynsq --address ADDRESS ARGS...`` with ``stdin``; its exit code and what it wrote."""
+    argv = ["--address", address, *args]
+    stdout = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
+    stderr = io.StringIO()
+    saved = sys.stdin, sys.stdout, sys.stderr
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode()), encoding="utf-8")
+    sys.stdout, sys.stderr = stdout, stderr
+    try:
+        code = main(argv)
+    except SystemExit as exit_:   # argparse: usage errors (2), --help (0)
+        code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = saved
+    return subprocess.CompletedProcess(argv, code, stdout.buffer.getvalue().decode(),
+                                       stderr.getvalue())
 
 
 def test_pub_with_a_body_publishes_one_message(broker, client):
@@ -40,6 +59,22 @@ def test_pub_without_a_body_publishes_one_message_per_stdin_line(broker, client)
     result = pynsq(broker.address, "pub", "events", stdin="a\nb\n\nc\n")
     assert result.returncode == 0, result.stderr
     assert client.stats("events").topics[0].channels[0].depth == 3
+
+
+def test_pub_of_more_lines_than_one_batch_publishes_each_line_once_in_order(broker, client):
+    """stdin is sent in MPUBs of 500 lines: 1,201 lines make three, nothing sent twice."""
+    client.admin("channel", "create", "events", "check")
+    lines = [f"line-{i}" for i in range(1201)]
+    result = pynsq(broker.address, "pub", "events", stdin="\n".join(lines) + "\n")
+    assert result.returncode == 0, result.stderr
+    got = []
+    with client.subscribe("events", "check", rdy=200) as sub:
+        while len(got) < len(lines):
+            msg = sub.get(10)
+            sub.fin(msg.id)
+            got.append(msg.body.decode())
+        assert so_far(sub) == ([], [])
+    assert got == lines
 
 
 def test_tail_prints_bodies_fins_them_and_stops_after_n(broker, client):
@@ -94,6 +129,7 @@ def test_stats_shows_topics_channels_depths_counts_and_latency(broker, client):
     archive = next(line for line in lines if "[archive]" in line)
     work = next(line for line in lines if "[work]" in line)
     assert "depth: 2 in-flight: 0 deferred: 0 msgs: 2 fin: 0" in archive
+    assert archive.endswith(" clients: 0")       # no latency yet, and no trailing space
     assert ("depth: 0 in-flight: 0 deferred: 0 msgs: 2 fin: 2 req: 0 timeout: 0 dead: 0 "
             "expired: 0 clients: 1 p50=") in work
     assert "p95=" in work and "p99=" in work
@@ -110,9 +146,11 @@ def test_topic_and_channel_admin(broker, client):
     assert pynsq(broker.address, "channel", "create", "events", "ch").returncode == 0
     assert pynsq(broker.address, "channel", "pause", "events", "ch").returncode == 0
     assert client.stats("events").topics[0].channels[0].paused
+    assert "    [ch] (paused) depth: 0" in pynsq(broker.address, "stats").stdout
     assert pynsq(broker.address, "channel", "unpause", "events", "ch").returncode == 0
     assert pynsq(broker.address, "topic", "pause", "events").returncode == 0
     assert client.stats("events").topics[0].paused
+    assert pynsq(broker.address, "stats").stdout.startswith("[events] (paused) depth: 0")
     assert pynsq(broker.address, "channel", "empty", "events", "ch").returncode == 0
     assert pynsq(broker.address, "channel", "delete", "events", "ch").returncode == 0
     assert pynsq(broker.address, "topic", "empty", "events").returncode == 0
@@ -155,15 +193,30 @@ def test_an_unreachable_address_is_named_without_a_traceback():
     (("pub",), "the following arguments are required: topic"),
     (("stats", "--topc", "x"), "unrecognized arguments: --topc x (did you mean '--topic'?)"),
     (("topic", "pause", "t", "--ttl", "1s"), "--ttl only go with create"),
+    (("channel", "pause", "t", "c", "--dead-letter-topic", "x"),
+     "--dead-letter-topic only go with create"),
+    (("channel", "empty", "t", "c", "--max-attempts", "0", "--dead-letter-topic", "x"),
+     "--max-attempts, --dead-letter-topic only go with create"),
     (("pub", "events", "--defer-ms", "5"), "--defer-ms needs a BODY argument"),
 ])
 def test_usage_and_value_errors_are_one_line_with_exit_code_2(args, text):
     """Checked before any broker is asked: the address answers nothing."""
-    result = pynsq("127.0.0.1:1", *args, stdin="")
+    result = pynsq("127.0.0.1:1", *args)
     assert result.returncode == 2, result.stderr
     assert text in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "usage:" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_number_options_take_both_ends_of_their_range(broker, client):
+    for attempts in ("0", "65535"):
+        result = pynsq(broker.address, "channel", "create", "events", f"c{attempts}",
+                       "--max-attempts", attempts)
+        assert result.returncode == 0, result.stderr
+    assert {c.name: c.max_attempts for c in client.stats("events").topics[0].channels} == {
+        "c0": 0, "c65535": 65535}
+    assert pynsq(broker.address, "pub", "events", "now", "--defer-ms", "0").returncode == 0
+    assert client.stats("events").topics[0].message_count == 1
 
 
 @pytest.mark.parametrize("address", ["localhost", "127.0.0.1", "localhost:", "host:99999"])

@@ -154,6 +154,26 @@ def test_bad_dead_letter_settings_are_refused_with_a_clear_error(kwargs, error, 
     assert "events" not in broker.topics or "work" not in broker.topics["events"].channels
 
 
+def test_an_existing_channel_cannot_be_given_its_own_topic_as_dead_letter_topic():
+    broker, _ = new_broker()
+    broker.create_channel("events", "work", max_attempts=2)
+    with pytest.raises(InvalidRequest, match="own topic"):
+        broker.create_channel("events", "work", dead_letter_topic="events")
+    channel = broker.topics["events"].channels["work"]
+    assert (channel.max_attempts, channel.dead_letter_topic) == (2, "")
+
+
+def test_each_dead_letter_is_counted():
+    broker, _ = new_broker()
+    broker.create_channel("events", "work", max_attempts=1)
+    published = broker.multi_publish("events", [b"a", b"b", b"c"])
+    consumer = subscribe(broker, "events", "work", rdy=3)
+    for msg in list(consumer.received):
+        consumer.channel.requeue(consumer, msg.id)
+    assert stats(broker, "events", "work").dead_letter_count == 3
+    assert set(drain(broker, "events.dead", "audit")) == set(published)
+
+
 # -- ttl -----------------------------------------------------------------------
 def test_an_expired_message_is_never_delivered_and_is_counted():
     broker, clock = new_broker()
@@ -165,6 +185,20 @@ def test_an_expired_message_is_never_delivered_and_is_counted():
     s = stats(broker, "events", "work")
     assert (s.expired_count, s.dead_letter_count, s.depth) == (1, 0, 0)
     assert short not in drain(broker, "events", "work")
+
+
+def test_a_message_is_expired_from_the_instant_its_ttl_ends_for_leases_and_consumers():
+    broker, clock = new_broker()
+    broker.create_channel("events", "spark")
+    broker.create_channel("events", "work")
+    broker.multi_publish("events", [b"a", b"b"], ttl_ms=[1000, 1000])
+    clock.advance(1)                                 # exactly the ttl
+    session = broker.open_lease_session()
+    lease, _ = broker.reserve(session.session_id, "events", "spark", 10)
+    assert lease is None
+    assert drain(broker, "events", "work") == {}
+    assert (stats(broker, "events", "spark").expired_count,
+            stats(broker, "events", "work").expired_count) == (2, 2)
 
 
 def test_a_message_delivered_before_its_ttl_but_requeued_after_it_expires():

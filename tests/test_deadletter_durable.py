@@ -27,6 +27,17 @@ def test_channel_dead_letter_settings_and_topic_ttl_survive_a_restart(tmp_path, 
 
 
 @pytest.mark.parametrize("stop", RESTARTS)
+def test_a_topic_ttl_set_back_to_none_stays_none_after_a_restart(tmp_path, stop):
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    broker.create_topic("events", ttl_ms=5000)
+    broker.create_topic("events", ttl_ms=0)
+    stop(broker)
+    broker = start(tmp_path, clock)
+    assert broker.topic("events").ttl_ms == 0
+
+
+@pytest.mark.parametrize("stop", RESTARTS)
 def test_settings_survive_after_the_segment_that_set_them_is_reclaimed(tmp_path, stop):
     clock = ManualClock()
     broker = start(tmp_path, clock, max_bytes_per_file=2048)

@@ -9,6 +9,7 @@ import time
 import grpc
 import pytest
 
+from broker.cli import main as pynsq_main
 from broker.client import ClientError
 
 from .grpckit import channel_stats, so_far
@@ -151,6 +152,26 @@ def test_grpc_bad_settings_get_invalid_argument_naming_what_was_wrong(broker, cl
     with pytest.raises(ClientError, match="1 ttls for 2 messages"):
         client.multi_publish("t", [b"a", b"b"], ttl_ms=[5])
     assert [t.name for t in client.stats().topics] == []  # nothing was created
+
+
+def test_cli_channel_create_dead_letter_topic_sends_dead_letters_to_the_topic_it_names(
+        broker, client, capsys):
+    """``pynsq channel create events work --max-attempts 1 --dead-letter-topic events.failed``
+    (run in-process, as the console script runs it)."""
+    assert pynsq_main(["--address", broker.address, "channel", "create", "events", "work",
+                       "--max-attempts", "1", "--dead-letter-topic", "events.failed"]) == 0
+    client.create_channel("events.failed", "audit")
+    client.create_channel("events.dead", "audit")
+    msg_id = client.publish("events", b"poison")
+    with client.subscribe("events", "work", rdy=1) as sub:
+        sub.req(sub.get(10).id)
+        wait_for(lambda: channel_stats(client, "events", "work").dead_letter_count == 1, 10,
+                 message="dead letter")
+    assert read_all(client, "events.failed", "audit", 1) == {msg_id: b"poison"}
+    assert channel_stats(client, "events.dead", "audit").depth == 0
+    assert pynsq_main(["--address", broker.address, "channel", "create", "events", "other",
+                       "--dead-letter-topic", "bad name!"]) == 1
+    assert "invalid topic name 'bad name!'" in capsys.readouterr().err
 
 
 def test_cli_creates_a_channel_with_max_attempts_and_a_topic_with_a_ttl(broker, client):

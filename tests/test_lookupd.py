@@ -3,19 +3,24 @@ finding pynsqd through it. The wire functions are checked byte by byte first."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from broker import EmbeddedBroker
-from broker.lookupd import (identify_command, parse_response, register_command,
+from broker import EmbeddedBroker, __version__, lookupd as lookupd_module
+from broker.lookupd import (Timing, identify_command, parse_response, register_command,
                             unregister_command)
 from broker.options import Options
 
-from .helpers import wait_for
+from .helpers import free_port, wait_for
 from .nsqkit import Lookupd, nsq_binary
 
 CLIENTS = Path(__file__).parent / "clients"
@@ -57,6 +62,169 @@ def test_lookupd_addresses_come_from_toml_as_a_list(tmp_path):
     conf.write_text("lookupd_tcp_address = [4160]\n")
     with pytest.raises(ValueError, match="lookupd_tcp_address: expected a list of strings"):
         Options.from_toml(conf)
+
+
+# -- PING and reconnect delays, against a lookup protocol V1 server in the test ----
+class LookupV1Server:
+    """A real TCP server speaking NSQ's lookup protocol V1 as far as a producer needs:
+    it reads the magic and each command (IDENTIFY with its body), answers ``OK``, and
+    records (monotonic time, command line); ``answers`` gives another answer to a verb.
+    ``drop`` closes the connections it has; with ``refuse`` set it closes each new one
+    at once."""
+
+    def __init__(self, port: int = 0, answers: dict[bytes, bytes] | None = None) -> None:
+        self.sock = socket.create_server(("127.0.0.1", port))
+        self.address = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.received: list[tuple[float, bytes]] = []
+        self.answers = answers or {}
+        self.identified: dict = {}    # the last IDENTIFY's body
+        self.refuse = False
+        self._conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def commands(self) -> list[bytes]:
+        return [line for _at, line in self.received]
+
+    def drop(self) -> None:
+        for conn in self._conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:   # already closed by the other end
+                pass
+        self._conns.clear()
+
+    def close(self) -> None:
+        self.sock.close()
+        self.drop()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            if self.refuse:
+                conn.close()
+                continue
+            self._conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        reader = conn.makefile("rb")
+        try:
+            if reader.read(4) != b"  V1":   # closed before the magic
+                return
+            while line := reader.readline():
+                self.received.append((time.monotonic(), line.strip()))
+                if line.startswith(b"IDENTIFY"):
+                    self.identified = json.loads(
+                        reader.read(int.from_bytes(reader.read(4), "big")))
+                answer = self.answers.get(line.split()[0], b"OK")
+                conn.sendall(len(answer).to_bytes(4, "big") + answer)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+
+def test_nsqds_timing_is_the_default_ping_every_15_s_reconnect_within_a_quarter_to_5_s():
+    timing = lookupd_module.NSQD_TIMING
+    assert (timing.ping_interval, timing.reconnect_delay_min, timing.reconnect_delay_max) == (
+        15.0, 0.25, 5.0)
+    assert timing == Timing()
+
+
+def test_an_idle_registration_pings_each_ping_interval(monkeypatch, caplog):
+    caplog.set_level(logging.INFO, "pynsqd")
+    server = LookupV1Server()
+    monkeypatch.setattr(lookupd_module, "NSQD_TIMING", Timing(ping_interval=0.2))
+    try:
+        with EmbeddedBroker(lookupd_tcp_address=(server.address,),
+                            broadcast_address="127.0.0.1") as broker:
+            wait_for(lambda: server.commands().count(b"PING") >= 3, 10, message="three PINGs")
+            tcp_port, http_port = _ports(broker)
+    finally:
+        server.close()
+    assert f"nsqlookupd {server.address}: registered" in caplog.messages
+    assert server.identified == {"broadcast_address": "127.0.0.1",
+                                 "hostname": socket.gethostname(), "tcp_port": tcp_port,
+                                 "http_port": http_port, "version": __version__}
+    assert server.commands()[0] == b"IDENTIFY"
+    assert set(server.commands()[1:]) == {b"PING"}   # a broker with no topics: nothing else
+    times = [at for at, _line in server.received]
+    assert all(later - earlier >= 0.18 for earlier, later in zip(times, times[1:])), times
+
+
+def test_an_error_answer_is_logged_naming_the_command_and_the_answer_and_the_rest_goes_on(
+        caplog):
+    server = LookupV1Server(answers={b"REGISTER": b"E_INVALID no \xff"})
+    try:
+        with EmbeddedBroker(lookupd_tcp_address=(server.address,),
+                            broadcast_address="127.0.0.1") as broker:
+            broker.call(broker.broker.create_channel, "events", "spark")
+            wait_for(lambda: b"REGISTER events spark" in server.commands(), 10,
+                     message="the registration")
+            broker.call(broker.broker.delete_topic, "events")
+            wait_for(lambda: b"UNREGISTER events" in server.commands(), 10,
+                     message="what follows an error answer")
+    finally:
+        server.close()
+    logged = [r.getMessage() for r in caplog.records if "answered" in r.getMessage()]
+    assert f"nsqlookupd {server.address}: REGISTER events spark answered E_INVALID no \ufffd" \
+        in logged, logged
+
+
+def test_a_refused_identify_is_logged_with_the_answer_and_nothing_is_registered(
+        monkeypatch, caplog):
+    server = LookupV1Server(answers={b"IDENTIFY": b"E_BAD_BODY version missing"})
+    delays: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        delays.append(delay)
+        await asyncio.sleep(0.005)
+
+    monkeypatch.setattr(lookupd_module, "NSQD_TIMING", Timing(sleep=sleep))
+    try:
+        with EmbeddedBroker(lookupd_tcp_address=(server.address,),
+                            broadcast_address="127.0.0.1") as broker:
+            broker.call(broker.broker.create_channel, "events", "spark")
+            wait_for(lambda: len(delays) >= 3, 10, message="three refused attempts")
+    finally:
+        server.close()
+    assert set(server.commands()) == {b"IDENTIFY"}
+    assert delays[:3] == [0.25, 0.5, 1.0]
+    assert (f"nsqlookupd {server.address}: connection lost (IDENTIFY refused: "
+            f"E_BAD_BODY version missing); reconnecting") in caplog.messages
+
+
+def test_reconnect_delays_double_up_to_the_most_and_start_over_once_registered(monkeypatch):
+    """nsqd's delays, recorded instead of waited: 0.25 s doubling to 5 s while nothing
+    answers or a connection ends before IDENTIFY is answered; after a connection that
+    registered, the least again."""
+    delays: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        delays.append(delay)
+        await asyncio.sleep(0.005)
+
+    monkeypatch.setattr(lookupd_module, "NSQD_TIMING", Timing(sleep=sleep))
+    port = free_port()
+    with EmbeddedBroker(lookupd_tcp_address=(f"127.0.0.1:{port}",),
+                        broadcast_address="127.0.0.1") as broker:
+        broker.call(broker.broker.create_channel, "events", "spark")
+        wait_for(lambda: len(delays) >= 8, 10, message="eight attempts")
+        assert delays[:8] == [0.25, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0, 5.0]
+        server = LookupV1Server(port)
+        try:
+            wait_for(lambda: b"REGISTER events spark" in server.commands(), 10,
+                     message="the registration")
+            before = len(delays)
+            server.refuse = True
+            server.drop()
+            wait_for(lambda: len(delays) >= before + 4, 10, message="attempts after the drop")
+            assert delays[before:before + 4] == [0.25, 0.5, 1.0, 2.0]
+        finally:
+            server.close()
 
 
 # -- against the real nsqlookupd -------------------------------------------------
@@ -159,3 +327,21 @@ def test_pynsq_reader_with_lookupd_http_addresses_reads_from_pynsqd(lookupd, reg
                           lookupd.http_address, "orders", "reader", str(len(sent))],
                          capture_output=True, timeout=120, check=True)
     assert sorted(json.loads(out.stdout)) == sorted(sent)
+
+
+def test_pings_keep_pynsqd_listed_past_nsqlookupds_inactive_producer_timeout(monkeypatch):
+    """nsqlookupd lists only producers heard from within ``--inactive-producer-timeout``;
+    an idle broker's PINGs keep it listed."""
+    monkeypatch.setattr(lookupd_module, "NSQD_TIMING", Timing(ping_interval=0.2))
+    daemon = Lookupd("--inactive-producer-timeout", "1s").start()
+    try:
+        with EmbeddedBroker(lookupd_tcp_address=(daemon.tcp_address,),
+                            broadcast_address="127.0.0.1") as broker:
+            broker.call(broker.broker.create_channel, "idle", "c")
+            wait_for(lambda: _listed(daemon, "idle", broker), 30, message="idle listed")
+            deadline = time.monotonic() + 3    # three inactive-producer timeouts
+            while time.monotonic() < deadline:
+                assert _listed(daemon, "idle", broker), "pynsqd left nsqlookupd while idle"
+                time.sleep(0.1)
+    finally:
+        daemon.stop()

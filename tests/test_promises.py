@@ -78,3 +78,22 @@ def test_the_stated_count_of_rows_is_the_tables_own():
     stated = re.search(r"^Of (\d+) rows", PROMISES.read_text(), re.MULTILINE)
     assert stated, "PROMISES.md's Counts section must open with 'Of N rows'"
     assert int(stated.group(1)) == len(rows()), f"the table holds {len(rows())} rows"
+    covered = re.search(r"^Of \d+ rows [^:]*: (\d+) covered", PROMISES.read_text(), re.MULTILINE)
+    count = sum(status.startswith("covered") for _number, _tests, status in rows())
+    assert covered and int(covered.group(1)) == count, f"{count} rows say covered"
+
+
+def test_make_mutants_config_names_modules_and_test_files_that_exist():
+    """`make mutants` from a fresh clone: mutmut is in the `dev` extra the target installs,
+    and every module pattern and test file of `[tool.mutmut]` names something real."""
+    import tomllib
+
+    root = TESTS.parent
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    assert any(dep.startswith("mutmut") for dep in project["project"]["optional-dependencies"]["dev"])
+    config = project["tool"]["mutmut"]
+    unmatched = [p for p in config["only_mutate"] if not list(root.glob(p))]
+    missing = [t for t in config["pytest_add_cli_args_test_selection"] if not (root / t).exists()]
+    assert not unmatched and not missing, (unmatched, missing)
+    makefile = (root / "Makefile").read_text()
+    assert "mutants: $(VENV)/.installed-dev" in makefile and ".[dev]" in makefile

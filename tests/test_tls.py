@@ -115,6 +115,61 @@ def test_tcp_without_tls_v1_in_identify_stays_plain_when_tls_is_optional(certs):
         assert raw.frame() == (0, b"OK")
 
 
+def test_tls_required_tcp_https_refuses_plain_tcp_and_keeps_plain_http_open(certs):
+    """``--tls-required tcp-https``: TCP as with ``true``; plain HTTP serves as usual."""
+    with EmbeddedBroker(tls_cert=certs.server_cert, tls_key=certs.server_key,
+                        tls_required="tcp-https", https_address="127.0.0.1:0") as b:
+        plain = Raw(b.tcp_address)
+        plain.send("PUB tcp-https", b"plain")
+        assert plain.error_then_closed() == (
+            b"E_INVALID cannot PUB in current state (TLS required)")
+        upgraded = Raw(b.tcp_address)
+        assert upgraded.identify(tls_v1=True)["tls_v1"] is True
+        upgraded.upgrade(certs.ca)
+        upgraded.send("PUB tcp-https", b"over tls")
+        assert upgraded.frame() == (0, b"OK")
+        assert http(b, "/pub?topic=tcp-https", body=b"plain http") == (200, b"OK")
+        assert http(b, "/pub?topic=tcp-https", body=b"https", ca=certs.ca,
+                    address=b.https_address) == (200, b"OK")
+        stats = Client(b.address, tls_ca=certs.ca, timeout=10)
+        assert stats.stats("tcp-https").topics[0].message_count == 3
+        stats.close()
+
+
+def test_client_auth_policy_require_serves_a_client_with_a_certificate_and_refuses_one_without(
+        certs):
+    """``--tls-client-auth-policy require`` on live TCP and gRPC connections; it implies
+    ``--tls-required``, so a TCP client that never upgrades is refused too."""
+    with EmbeddedBroker(tls_cert=certs.server_cert, tls_key=certs.server_key,
+                        tls_root_ca_file=certs.ca, tls_client_auth_policy="require") as b:
+        with_cert = Raw(b.tcp_address)
+        with_cert.identify(tls_v1=True)
+        with_cert.upgrade(certs.ca, certs.client_cert, certs.client_key)
+        with_cert.send("PUB require", b"with a certificate")
+        assert with_cert.frame() == (0, b"OK")
+        without = Raw(b.tcp_address)
+        without.identify(tls_v1=True)
+        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+            without.upgrade(certs.ca)   # TLS 1.3 reports the refusal on the first read
+            without.send("PUB require", b"never")
+            without.frame()
+        never_upgraded = Raw(b.tcp_address)
+        never_upgraded.send("PUB require", b"plain")
+        assert never_upgraded.error_then_closed() == (
+            b"E_INVALID cannot PUB in current state (TLS required)")
+        grpc_without = Client(b.address, tls_ca=certs.ca, timeout=3)
+        with pytest.raises(BrokerUnavailable):
+            grpc_without.publish("require", b"refused")
+        grpc_without.close()
+        grpc_with = Client(b.address, tls_ca=certs.ca, tls_cert=certs.client_cert,
+                           tls_key=certs.client_key, timeout=10)
+        assert grpc_with.publish("require", b"with a certificate over grpc")
+        with_cert.send("PUB require", b"still served")
+        assert with_cert.frame() == (0, b"OK")
+        assert grpc_with.stats("require").topics[0].message_count == 3
+        grpc_with.close()
+
+
 def test_https_serves_and_plain_http_answers_tls_required(tls_broker, certs):
     status, body = http(tls_broker, "/ping")
     https_port = int(tls_broker.https_address.rpartition(":")[2])
@@ -173,7 +228,7 @@ def test_pynsq_cli_speaks_tls_and_the_auth_secret(certs, capsys):
     ({"tls_client_auth_policy": "maybe"}, "tls-client-auth-policy"),
     ({"tls_client_auth_policy": "require", "tls_cert": "a", "tls_key": "b"},
      "needs tls-root-ca-file"),
-    ({"https_address": "127.0.0.1:0"}, "https-address needs tls-cert"),
+    ({"https_address": "127.0.0.1:0"}, "^https-address needs tls-cert and tls-key$"),
     ({"auth_http_request_method": "put"}, "must be post or get"),
 ])
 def test_bad_security_options_are_refused_naming_the_option(options, problem):
@@ -200,7 +255,14 @@ def test_toml_keys_match_nsqds(tmp_path, certs):
 def test_listening_beyond_loopback_without_tls_or_auth_is_warned_of(certs):
     assert exposure_warnings(Options()) == []
     warnings = exposure_warnings(Options(tcp_address="0.0.0.0:4150"))
-    assert len(warnings) == 2 and "without TLS" in warnings[0] and "without auth" in warnings[1]
+    assert warnings == [
+        "listening beyond loopback (--tcp-address 0.0.0.0:4150) without TLS "
+        "(--tls-cert/--tls-key): traffic is plain text",
+        "listening beyond loopback (--tcp-address 0.0.0.0:4150) without auth "
+        "(--auth-http-address): anyone who connects may publish, consume, empty or delete"]
+    named = exposure_warnings(Options(http_address="broker.example:4151"))
+    assert len(named) == 2 and "(--http-address broker.example:4151)" in named[0]
+    assert exposure_warnings(Options(http_address="localhost:4151")) == []
     assert exposure_warnings(Options(
         grpc_address="10.0.0.1:4170", tls_cert=certs.server_cert, tls_key=certs.server_key,
         auth_http_addresses=["127.0.0.1:4181"])) == []

@@ -38,6 +38,29 @@ def test_a_partial_line_is_incomplete_with_no_error_and_an_overlong_one_is_refus
         wire.read_line(b"x" * (wire.MAX_LINE + 1), 0)
 
 
+def test_a_line_after_another_is_read_from_where_it_starts_with_the_limit_counted_from_there():
+    first = b"x" * wire.MAX_LINE + b"\n"
+    buf = first + b"NOP\n" + b"y" * wire.MAX_LINE + b"\n"
+    assert wire.read_line(buf, 0) == ([b"x" * wire.MAX_LINE], len(first))
+    assert wire.read_line(buf, len(first)) == ([b"NOP"], len(first) + 4)
+    assert wire.read_line(buf, len(first) + 4) == ([b"y" * wire.MAX_LINE], len(buf))
+
+
+def test_a_message_of_exactly_max_msg_size_is_read():
+    body = b"m" * 100
+    assert wire.read_message(sized(body), 0, "PUB", max_msg_size=100) == (body, 104)
+
+
+def test_a_body_that_ends_early_says_which_part_is_missing_once_the_stream_closes():
+    with pytest.raises(Incomplete) as size:
+        wire.read_body(b"\x00\x00", 0, "AUTH", max_size=100)
+    assert size.value.error.message == "AUTH failed to read body size"
+    with pytest.raises(Incomplete) as body:
+        wire.read_body(struct.pack(">i", 10) + b"abc", 0, "AUTH", max_size=100)
+    assert body.value.error.message == "AUTH failed to read body"
+    assert isinstance(body.value.error, InvalidBody)
+
+
 @pytest.mark.parametrize("data, error, text", [
     (b"", InvalidBody, "MPUB failed to read message count"),
     (struct.pack(">i", 0), InvalidBody, "MPUB invalid message count 0"),
