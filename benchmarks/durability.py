@@ -198,9 +198,10 @@ def medians(results: list[dict]) -> dict:
     return {key: statistics.median(r[key] for r in results) for key in results[0]}
 
 
-def run(messages: int, queued: int, rounds: int = 3) -> dict:
+def run(messages: int, queued: int, rounds: int = 3, settle: float = 5.0) -> dict:
     """Every part; ``queued`` 0 skips parts 2-4 (RSS, data path size, restart). Part 1
-    runs ``rounds`` times, memory-only and durable in turn: medians."""
+    runs ``rounds`` times, memory-only and durable in turn: medians. ``settle``: the
+    seconds given to the broker's background ticks before a size is read."""
     with tempfile.TemporaryDirectory() as tmp:
         runs: dict[str, list[dict]] = {"memory": [], "durable": []}
         for i in range(rounds):
@@ -222,14 +223,14 @@ def run(messages: int, queued: int, rounds: int = 3) -> dict:
             rss = rss_mb(proc.pid)
             before = du_mb(data)
             consume(address, queued)
-            time.sleep(3)  # let the next sync/reclaim tick run
+            time.sleep(min(3.0, settle))  # let the next sync/reclaim tick run
             after = du_mb(data)
         finally:
             stop(proc)
         shapes = shape_rss(tmp, queued)
         restarted = restart(tmp, queued)
         churned = restart(tmp, queued, channels=1, cycles=1000)
-        amplification = write_amplification(tmp, max(queued // 50, 2000))
+        amplification = write_amplification(tmp, max(queued // 50, 2000), settle)
     return {
         **speed, "queued": queued, "rss_mb_with_queued": round(rss, 1),
         "data_path_mb_before_consuming": round(before, 1),

@@ -42,18 +42,22 @@ except ImportError:  # run as a script
 REPO = Path(__file__).resolve().parents[1]
 SIZE, BATCH = 100, 200
 OPS = re.compile(r"([\d.]+)ops/s")
-DURATION = re.compile(r"duration: ([\d.]+)s")
 GO_DURATION = re.compile(r"([\d.]+)(ns|us|µs|ms|s|m|h)")
+DURATION = re.compile(r"duration: ((?:[\d.]+(?:ns|us|µs|ms|s|m|h))+)")  # "1.2s", "503.5ms"
 SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def seconds(duration: str) -> float:
+    """Seconds of a Go duration (``"10s"``, ``"503.5ms"``, ``"1m30s"``)."""
+    parts = GO_DURATION.findall(duration)
+    if not parts or "".join(n + u for n, u in parts) != duration:
+        raise ValueError(f"--runfor {duration!r} is not a Go duration such as 10s or 1m30s")
+    return sum(float(n) * SECONDS[u] for n, u in parts)
 
 
 def halved(runfor: str) -> str:
     """Half of a Go duration (``"10s"`` -> ``"5s"``; ``"1m30s"`` -> ``"45s"``)."""
-    parts = GO_DURATION.findall(runfor)
-    if not parts or "".join(n + u for n, u in parts) != runfor:
-        raise ValueError(f"--runfor {runfor!r} is not a Go duration such as 10s or 1m30s")
-    seconds = sum(float(n) * SECONDS[u] for n, u in parts) / 2
-    return f"{seconds:g}s"
+    return f"{seconds(runfor) / 2:g}s"
 
 
 def nsq_bin(explicit: str | None = None) -> Path | None:
@@ -81,7 +85,7 @@ def bench(tool: Path, tcp_port: int, runfor: str, topic: str, pid: int) -> tuple
     if not found or not took:
         raise RuntimeError(f"{tool.name} printed no rate: {text}")
     rate = float(found[-1])
-    return rate, cpu / (rate * float(took[-1])) * 1e6 if rate else 0.0
+    return rate, cpu / (rate * seconds(took[-1])) * 1e6 if rate else 0.0
 
 
 def write_then_read(folder: Path, tcp_port: int, runfor: str, pid: int) -> dict:

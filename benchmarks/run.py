@@ -1,12 +1,13 @@
 """``make bench``: every benchmark, one table of ratios against same-run baselines.
 
-    python -m benchmarks.run [--quick] [--json benchmarks/results/latest.json]
+    python -m benchmarks.run [--quick | --smoke] [--json benchmarks/results/latest.json]
 
 Each row: a figure, the baseline measured in the same run, their ratio, and the
 goal, marked ``met`` or ``MISSED``. Rows print as they are measured (a line
 naming each stage first); a summary line counts the goals met. Machines are
 shared and noisy: compare ratios, not absolute figures. ``--quick`` runs reduced
-sizes (the test suite runs it to keep this working; it never asserts a speed).
+sizes; ``--smoke`` the smallest that still run every row end to end, in seconds rather
+than minutes (the test suite runs it to keep the table working; it never asserts a speed).
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ QUICK = {"grpc": 20_000, "tcp": 40_000, "spark": 50_000, "writers": 20_000,
          "durable": 20_000, "durable_rounds": 1,
          "queued": 50_000, "latency": 500, "nsq_runfor": "2s", "nsq_rounds": 1,
          "scaling": 5_000, "tls": 20_000}
+# Every row end to end on tiny sizes: the figures mean nothing, the table's shape does.
+SMOKE = {"grpc": 2_000, "tcp": 4_000, "spark": 2_000, "writers": 2_000,
+         "durable": 2_000, "durable_rounds": 1,
+         "queued": 2_000, "latency": 100, "nsq_runfor": "1s", "nsq_rounds": 1,
+         "scaling": 200, "tls": 2_000, "settle": 0.0}
 
 
 GOAL = re.compile(r"^(ratio )?(>=|<=) ([\d.]+)")
@@ -145,9 +151,8 @@ def tls_rows(sizes: dict) -> list[dict]:
                               ("TCP V2 consume RDY 2500 + FIN", "tcp_consume"))]
 
 
-def collect(quick: bool) -> Iterator[dict]:
+def collect(sizes: dict) -> Iterator[dict]:
     """Every row, each yielded as soon as it is measured (``stage`` lines between)."""
-    sizes = QUICK if quick else FULL
     stage("gRPC throughput and latency, TCP V2 throughput")
     g = grpc_throughput.run(sizes["grpc"], sizes["latency"])
     t = tcp_throughput.run(sizes["tcp"])
@@ -167,7 +172,8 @@ def collect(quick: bool) -> Iterator[dict]:
     stage("Spark source and writers")
     yield from spark_rows(sizes)
     stage("durability: memory held, restart, durable ÷ memory-only")
-    d = durability.run(sizes["durable"], sizes["queued"], sizes["durable_rounds"])
+    d = durability.run(sizes["durable"], sizes["queued"], sizes["durable_rounds"],
+                       sizes.get("settle", 5.0))
     yield from [
         row(f"broker RSS, {sizes['queued']:,} x 100B queued (durable)", d["rss_mb_with_queued"],
             "MB", None, "<= 200 MB (for 1M)"),
@@ -229,21 +235,25 @@ def summary(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="reduced sizes")
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--quick", action="store_true", help="reduced sizes")
+    sizes.add_argument("--smoke", action="store_true",
+                       help="the smallest sizes that run every row (figures mean nothing)")
     parser.add_argument("--json", default="benchmarks/results/latest.json",
                         help="where to write the table as JSON")
     args = parser.parse_args()
     started = time.perf_counter()
     print(COLUMNS, flush=True)
     rows = []
-    for r in collect(args.quick):
+    kind = "smoke" if args.smoke else "quick" if args.quick else "full"
+    for r in collect({"smoke": SMOKE, "quick": QUICK, "full": FULL}[kind]):
         rows.append(r)
         print(table_row(r), flush=True)
-    print(f"\n{summary(rows)} ({'quick' if args.quick else 'full'} run, "
-          f"{time.perf_counter() - started:.0f}s)")
+    print(f"\n{summary(rows)} ({kind} run, {time.perf_counter() - started:.0f}s)")
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"quick": args.quick, "rows": rows}, indent=2))
+    out.write_text(json.dumps({"quick": args.quick, "smoke": args.smoke, "rows": rows},
+                              indent=2))
 
 
 if __name__ == "__main__":

@@ -29,10 +29,10 @@ from pathlib import Path
 
 try:
     from .common import cpu_seconds, free_port, start_pynsqd, stop, wait_listening
-    from .nsq_bench import BATCH, DURATION, OPS, SIZE, halved, nsq_bin
+    from .nsq_bench import BATCH, DURATION, OPS, SIZE, halved, nsq_bin, seconds
 except ImportError:  # run as a script
     from common import cpu_seconds, free_port, start_pynsqd, stop, wait_listening
-    from nsq_bench import BATCH, DURATION, OPS, SIZE, halved, nsq_bin
+    from nsq_bench import BATCH, DURATION, OPS, SIZE, halved, nsq_bin, seconds
 
 MODEL_CORES = 16
 
@@ -83,7 +83,7 @@ def run_tools(tool: Path, targets: list[str], runfor: str, topic: str,
         if not found or not took:
             raise RuntimeError(f"{tool.name} printed no rate: {text}")
         rate += float(found[-1])
-        messages += float(found[-1]) * float(took[-1])
+        messages += float(found[-1]) * seconds(took[-1])
     return rate, (cpu / messages * 1e6 if messages else 0.0)
 
 

@@ -75,7 +75,10 @@ def test_a_wrong_secret_fails_the_query_without_showing_the_secret(spark, secure
     assert wrong not in str(caught.value)
 
 
-def test_local_cluster_executors_read_over_tls_with_auth(secure, tmp_path):
+def test_local_cluster_executors_read_over_tls_with_auth_and_finish_every_message(secure,
+                                                                                 tmp_path):
+    """A real cluster (separate executor JVMs and Python workers, so nothing can rely on
+    the driver's process): every message read once over TLS with auth, and FINed."""
     broker, certs = secure
     with Client(broker.address, tls_ca=certs.ca, auth_secret=SECRET, timeout=10) as c:
         c.admin("channel", "create", "sp-cluster", "spark")
@@ -85,7 +88,7 @@ def test_local_cluster_executors_read_over_tls_with_auth(secure, tmp_path):
         [sys.executable, str(DRIVER), "--master", "local-cluster[2,1,1024]",
          "--address", broker.address, "--topic", "sp-cluster", "--channel", "spark",
          "--checkpoint", str(tmp_path / "ck"), "--out", str(out), "--num-partitions", "4",
-         "--available-now", "--option", f"tlsCaFile={certs.ca}",
+         "--max-per-trigger", "200", "--available-now", "--option", f"tlsCaFile={certs.ca}",
          "--option", f"authSecret={SECRET}"],
         start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -95,3 +98,6 @@ def test_local_cluster_executors_read_over_tls_with_auth(secure, tmp_path):
             os.killpg(driver.pid, signal.SIGKILL)
     ids = out.read_text().split()
     assert len(ids) == len(published) and set(ids) == published
+    with Client(broker.address, tls_ca=certs.ca, auth_secret=SECRET, timeout=10) as c:
+        [channel] = c.stats("sp-cluster", "spark").topics[0].channels
+    assert (channel.finish_count, channel.depth, channel.in_flight_count) == (400, 0, 0)

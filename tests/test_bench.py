@@ -1,5 +1,6 @@
-"""`make bench --quick` keeps working: it prints and writes one table of ratios.
-(It asserts the table's shape only; speed is never asserted in tests.)"""
+"""`make bench` keeps working: it prints and writes one table of ratios, every row
+marked against its goal. (The tests run it on the smoke sizes and assert the table's
+shape only; speed is never asserted in tests.)"""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ ROOT = Path(__file__).parent.parent
 
 
 @pytest.mark.timeout(660)  # the run's own limit (600 s) first: a slow machine, not a hang
-def test_quick_benchmark_prints_and_writes_the_table(tmp_path):
+def test_benchmark_prints_and_writes_the_table_with_every_row_marked(tmp_path):
+    from benchmarks.run import goal_met, summary, table_row
+
     out = tmp_path / "bench.json"
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    result = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--json",
+    result = subprocess.run([sys.executable, "-m", "benchmarks.run", "--smoke", "--json",
                              str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600,
                             env=env)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -42,7 +45,10 @@ def test_quick_benchmark_prints_and_writes_the_table(tmp_path):
         assert set(r) == {"figure", "value", "unit", "baseline", "ratio", "goal", "met"}
         assert r["value"] > 0 or r["unit"] == "B/B"   # bytes rewritten: 0 is the goal
         assert r["ratio"] is None or r["ratio"] > 0
-        assert r["figure"] in result.stdout
+        assert r["met"] == goal_met(r)
+        assert table_row(r) in result.stdout.splitlines()
+    assert sum(r["met"] is not None for r in rows) >= 10   # the goals are marked
+    assert f"{summary(rows)} (smoke run, " in result.stdout
 
 
 def test_nsq_rounds_report_each_figures_median_and_the_median_of_each_rounds_ratio():
@@ -77,7 +83,10 @@ def test_rows_are_printed_as_each_is_measured(monkeypatch, tmp_path, capsys):
 
     seen_before_second: list[str] = []
 
-    def collect(quick):
+    sizes_asked: list[dict] = []
+
+    def collect(sizes):
+        sizes_asked.append(sizes)
         run.stage("first stage")
         yield run.row("first", 1, "msgs/s", 1, "ratio >= 0.5")
         seen_before_second.append(capsys.readouterr().out)
@@ -89,3 +98,15 @@ def test_rows_are_printed_as_each_is_measured(monkeypatch, tmp_path, capsys):
     assert "# first stage ..." in seen_before_second[0]
     assert "first" in seen_before_second[0] and "met" in seen_before_second[0]
     assert "1 of 2 goals met; missed: second (quick run" in capsys.readouterr().out
+    assert sizes_asked == [run.QUICK]
+
+
+def test_nsq_tool_durations_are_read_in_any_go_unit():
+    """A sub-second run prints its duration in ms; its rate per second stays right."""
+    line = ("[bench_reader] 2026/11/25 22:48:30 duration: 503.520774ms - 9.995mb/s - "
+            "104811.432ops/s - 9.541us/op")
+    [took] = nsq_bench.DURATION.findall(line)
+    assert nsq_bench.seconds(took) == pytest.approx(0.503520774)
+    assert nsq_bench.seconds("1m30s") == 90 and nsq_bench.halved("1s") == "0.5s"
+    with pytest.raises(ValueError, match="'1 s' is not a Go duration"):
+        nsq_bench.seconds("1 s")

@@ -27,7 +27,7 @@ def start(df, recorder, checkpoint, **trigger):
 
 def test_a_failing_batch_fails_the_query_and_a_restart_delivers_every_message(
         spark, broker, client, tmp_path):
-    published = publish(client, "events", 1000)
+    published = publish(client, "events", 500)
     checkpoint = tmp_path / "ck"
     failing = Recorder(fail_on=lambda batch_id: batch_id == 2)
     query = start(reader(spark, broker.address, "events", maxMessagesPerTrigger=100),
@@ -52,7 +52,7 @@ def test_a_failing_batch_fails_the_query_and_a_restart_delivers_every_message(
 
 
 def test_a_query_stopped_mid_stream_and_restarted_loses_nothing(spark, broker, client, tmp_path):
-    published = publish(client, "events", 1500)
+    published = publish(client, "events", 800)
     checkpoint = tmp_path / "ck"
     first = Recorder()
     query = start(reader(spark, broker.address, "events", maxMessagesPerTrigger=100,
@@ -85,10 +85,13 @@ def _driver(broker, tmp_path, out, *extra):
 
 def test_a_driver_killed_mid_batch_restarts_from_the_checkpoint_and_loses_nothing(
         broker, client, tmp_path):
-    published = publish(client, "events", 1000)
+    published = publish(client, "events", 600)
     out, marker = tmp_path / "ids.txt", tmp_path / "hanging"
+    # The killed driver's lease session outlives it by msgTimeoutMs: ten minutes, so that
+    # however slowly the restarted driver starts, the lease is there to adopt (never waited).
     driver = _driver(broker, tmp_path, out, "--max-per-trigger", "200",
-                     "--hang-on-batch", "2", "--marker", str(marker))
+                     "--hang-on-batch", "2", "--marker", str(marker),
+                     "--option", "msgTimeoutMs=600000")
     try:
         wait_for(marker.exists, 180, message="the driver to reach batch 2")
     finally:
@@ -100,7 +103,8 @@ def test_a_driver_killed_mid_batch_restarts_from_the_checkpoint_and_loses_nothin
     # The killed driver's session is kept for its grace period: its lease is still held.
     assert channel_stats(client, "events").in_flight_count == len(killed_batch) == 200
 
-    restarted = _driver(broker, tmp_path, out, "--max-per-trigger", "200", "--available-now")
+    restarted = _driver(broker, tmp_path, out, "--max-per-trigger", "200", "--available-now",
+                        "--option", "msgTimeoutMs=600000")
     try:
         assert restarted.wait(300) == 0, restarted.stderr.read().decode()[-3000:]
     finally:
@@ -114,7 +118,7 @@ def test_a_driver_killed_mid_batch_restarts_from_the_checkpoint_and_loses_nothin
 
 def test_a_task_that_fails_once_is_retried_without_loss_or_duplicates(
         spark, broker, client, tmp_path):
-    published = publish(client, "events", 800)
+    published = publish(client, "events", 400)
 
     def fail_first_attempt(batches):
         ctx = TaskContext.get()

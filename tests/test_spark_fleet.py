@@ -104,9 +104,13 @@ def test_a_fleet_found_through_nsqlookupd_is_read_once_as_it_changes(tmp_path):
         wait_for(lambda: len(lookupd.lookup(TOPIC)) == 3, 60,
                  message="the three brokers registered with nsqlookupd")
 
-        # availableNow: the backlog of all three, in batches of at most 200.
-        driver = drive(tmp_path, lookupd, "--available-now")
-        assert driver.wait(600) == 0, driver_log(tmp_path)
+        # availableNow: the backlog of all three, in batches of at most 200; then the
+        # driver streams on from the same checkpoint (one cluster for both queries).
+        backlog_read = tmp_path / "backlog-read"
+        driver = drive(tmp_path, lookupd, "--available-now", "--then-stream", str(backlog_read))
+        wait_for(lambda: backlog_read.exists() or driver.poll() is not None, 600,
+                 interval=0.1, message="the availableNow query to end")
+        assert driver.poll() is None, driver_log(tmp_path)
         ids = read_ids(tmp_path)
         everything = set().union(*published.values())
         assert len(ids) == len(set(ids)) == len(everything) == 600
@@ -116,12 +120,11 @@ def test_a_fleet_found_through_nsqlookupd_is_read_once_as_it_changes(tmp_path):
             assert finished_everything(daemon.address, len(published[daemon.address]))
 
         # Streaming from the same checkpoint; it is running once it reads what comes next.
-        driver = drive(tmp_path, lookupd)
         with Client(brokers[2].address, timeout=10) as client:
             first = publish(client, TOPIC, 20)
         published[brokers[2].address] |= first
         everything |= first
-        wait_for(lambda: first <= set(read_ids(tmp_path)), 300, interval=0.5,
+        wait_for(lambda: first <= set(read_ids(tmp_path)), 300, interval=0.2,
                  message="the streaming query to read")
 
         # A fourth broker joins the fleet mid-stream.
@@ -129,35 +132,36 @@ def test_a_fleet_found_through_nsqlookupd_is_read_once_as_it_changes(tmp_path):
         with Client(fourth.address, timeout=10) as client:
             published[fourth.address] = publish(client, TOPIC, 150)
         everything |= published[fourth.address]
-        wait_for(lambda: set(read_ids(tmp_path)) == everything, 300, interval=0.5,
+        wait_for(lambda: set(read_ids(tmp_path)) == everything, 300, interval=0.2,
                  message="the fourth broker's messages read")
 
-        # One broker stops mid-stream with messages still to come (deferred past its
-        # restart): the query goes on with the others, and reads them once it is back.
+        # One broker stops mid-stream with messages still to come (deferred, so that none
+        # is read before it stops): the query goes on with the others, and reads them once
+        # it is back.
         stopped = brokers[0]
         with Client(stopped.address, timeout=10) as client:
             late = set(client.multi_publish(TOPIC, [b"late-%d" % i for i in range(50)],
-                                            defer_ms=[15_000] * 50))
+                                            defer_ms=[5_000] * 50))
         published[stopped.address] |= late
         stopped.stop()
         with Client(brokers[1].address, timeout=10) as client:
             more = publish(client, TOPIC, 100)
         published[brokers[1].address] |= more
         everything |= more
-        wait_for(lambda: more <= set(read_ids(tmp_path)), 300, interval=0.5,
+        wait_for(lambda: more <= set(read_ids(tmp_path)), 300, interval=0.2,
                  message="the other brokers read while one is down")
         assert driver.poll() is None, driver_log(tmp_path)
         fleet.start(0, port=stopped.port)
         everything |= late
-        wait_for(lambda: set(read_ids(tmp_path)) == everything, 300, interval=0.5,
+        wait_for(lambda: set(read_ids(tmp_path)) == everything, 300, interval=0.2,
                  message="the returned broker's messages read")
         for daemon in brokers[1:] + [fourth]:
             wait_for(lambda: finished_everything(daemon.address,
                                                  len(published[daemon.address])), 300,
-                     interval=0.5, message=f"every message of {daemon.address} FINed")
+                     interval=0.2, message=f"every message of {daemon.address} FINed")
         # The returned broker is a new instance: it counts the FINs since its start.
         wait_for(lambda: finished_everything(stopped.address, len(late)), 300,
-                 interval=0.5, message="the returned broker's messages FINed")
+                 interval=0.2, message="the returned broker's messages FINed")
         ids = read_ids(tmp_path)
         assert len(ids) == len(set(ids)) == len(everything)
         assert driver.poll() is None, driver_log(tmp_path)

@@ -2,12 +2,15 @@
 append the ids of every completed micro-batch to a file.
 
     python stream_to_file.py [--address A] --topic T --channel C --checkpoint DIR --out FILE
-        [--master local[2]] [--max-per-trigger N] [--available-now]
+        [--master local[2]] [--max-per-trigger N] [--available-now [--then-stream FILE]]
         [--hang-on-batch N --marker FILE] [--option KEY=VALUE ...] [--sink-topic T]
 
 With --hang-on-batch, batch N writes the marker file once its rows are read and
 then hangs, so that a test can kill the driver mid-batch. With --sink-topic, each
-batch is first relayed to that topic with ``pub_to_topic`` (batches of 10).
+batch is first relayed to that topic with ``pub_to_topic`` (batches of 10). With
+--then-stream, the ``availableNow`` query writes FILE once it has ended and a
+streaming query goes on from the same checkpoint, in the same session (one
+cluster started, not two).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ def main() -> None:
     parser.add_argument("--max-per-trigger", type=int, default=0)
     parser.add_argument("--num-partitions", type=int, default=2)
     parser.add_argument("--available-now", action="store_true")
+    parser.add_argument("--then-stream", default="")
     parser.add_argument("--hang-on-batch", type=int, default=-1)
     parser.add_argument("--marker", default="")
     parser.add_argument("--sink-topic", default="")
@@ -77,12 +81,19 @@ def main() -> None:
             f.flush()
             os.fsync(f.fileno())
 
-    writer = (reader.load().writeStream.foreachBatch(record)
-              .option("checkpointLocation", args.checkpoint))
-    writer = (writer.trigger(availableNow=True) if args.available_now
-              else writer.trigger(processingTime="200 milliseconds"))
-    query = writer.start()
-    query.awaitTermination()
+    df = reader.load()
+
+    def run(available_now: bool) -> None:
+        writer = (df.writeStream.foreachBatch(record)
+                  .option("checkpointLocation", args.checkpoint))
+        writer = (writer.trigger(availableNow=True) if available_now
+                  else writer.trigger(processingTime="200 milliseconds"))
+        writer.start().awaitTermination()
+
+    run(args.available_now)
+    if args.available_now and args.then_stream:
+        open(args.then_stream, "w").close()
+        run(False)
     spark.stop()
 
 
