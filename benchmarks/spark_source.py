@@ -236,7 +236,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="repetitions in one session")
     args = parser.parse_args()
     spark = (SparkSession.builder.master("local[2]").appName("pynsq-bench")
-             .config("spark.ui.enabled", "false").getOrCreate())
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     for _ in range(args.rounds):
         print(json.dumps(run(spark, args.messages, args.partitions)), flush=True)
