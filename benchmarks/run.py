@@ -29,7 +29,7 @@ FULL = {"grpc": 200_000, "tcp": 400_000, "spark": 1_000_000, "writers": 1_000_00
         "queued": 1_000_000, "latency": 3000, "nsq_runfor": "5s", "nsq_rounds": 3,
         "scaling": 50_000, "tls": 200_000}
 QUICK = {"grpc": 20_000, "tcp": 40_000, "spark": 50_000, "writers": 20_000,
-         "spark_latency_s": 4, "spark_warm_up_s": 2,
+         "spark_latency_s": 5, "spark_warm_up_s": 5,
          "durable": 20_000, "durable_rounds": 1,
          "queued": 50_000, "latency": 500, "nsq_runfor": "2s", "nsq_rounds": 1,
          "scaling": 5_000, "tls": 20_000}
