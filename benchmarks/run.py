@@ -25,10 +25,12 @@ from . import (durability, grpc_throughput, nsq_bench, scaling, tcp_throughput, 
                workers_bench)
 
 FULL = {"grpc": 200_000, "tcp": 400_000, "spark": 1_000_000, "writers": 1_000_000,
+        "spark_latency_s": 20, "spark_warm_up_s": 5,
         "durable": 200_000, "durable_rounds": 3,
         "queued": 1_000_000, "latency": 3000, "nsq_runfor": "5s", "nsq_rounds": 3,
         "scaling": 50_000, "tls": 200_000}
 QUICK = {"grpc": 20_000, "tcp": 40_000, "spark": 50_000, "writers": 20_000,
+         "spark_latency_s": 5, "spark_warm_up_s": 5,
          "durable": 20_000, "durable_rounds": 1,
          "queued": 50_000, "latency": 500, "nsq_runfor": "2s", "nsq_rounds": 1,
          "scaling": 5_000, "tls": 20_000}
@@ -67,7 +69,7 @@ def spark_rows(sizes: dict) -> list[dict]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from . import spark_source, writers
+    from . import spark_latency, spark_source, writers
 
     spark = (SparkSession.builder.master("local[2]").appName("pynsq-bench")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
@@ -76,6 +78,7 @@ def spark_rows(sizes: dict) -> list[dict]:
     try:
         r = spark_source.run(spark, sizes["spark"], 2)
         rate = spark_source.rate_micro_batch(spark, sizes["spark"])
+        lat = spark_latency.run(spark, sizes["spark_latency_s"], sizes["spark_warm_up_s"])
         w = writers.run(spark, sizes["writers"], 2)
     finally:
         spark.stop()
@@ -84,6 +87,13 @@ def spark_rows(sizes: dict) -> list[dict]:
             r["memory_rows_per_s"], "ratio >= 0.8 (÷ in-memory Python source)"),
         row("Spark pynsq -> noop, one micro-batch", r["one_batch_rows_per_s"], "rows/s",
             r["memory_rows_per_s"], "what the default read limit's batches cost"),
+        row(f"Spark pynsq -> noop, batches of {r['small_batch']:,}",
+            r["batches_of_100k_rows_per_s"], "rows/s", r["memory_batches_of_100k_rows_per_s"],
+            "ratio >= 0.8 (÷ in-memory Python source, same batches)"),
+        *[row(f"Spark latency {q} publish->sink @1k/s, 0 s trigger", lat["pynsq"][f"{q}_ms"],
+              "ms", lat["memory"][f"{q}_ms"],
+              "ratio <= 1.2 (÷ in-memory Python source, same trigger)")
+          for q in ("p50", "p99")],
         row("Spark rate-micro-batch -> noop (reference)", rate, "rows/s",
             r["memory_rows_per_s"], "reference"),
         row("Spark pub_to_topic (foreachBatch) (÷ noop)", w["pub_to_topic_rows_per_s"], "rows/s",

@@ -6,12 +6,14 @@ All runs happen in one Spark session: the pynsq source reading a channel of N
 messages of 100 bytes from a ``pynsqd`` subprocess with ``availableNow`` (at the
 default read limit; in one micro-batch; in batches of 100,000), and an in-memory
 Python streaming source that yields the same number of rows of the same schema as
-Arrow batches (no broker, no network), run before and after them. The ratio to
-the memory source's mean rate is the figure. Each source first reads a few rows
-untimed, so that neither pays for starting the executors' Python workers (the run
-that comes first would otherwise). Each run also reports Spark's own per-batch
-phases (``durationMs``, summed over its batches), and the time before its first
-trigger and after its last batch.
+Arrow batches (no broker, no network), in one micro-batch and in batches of
+100,000, each run before and after the pynsq reads. The ratio to the memory
+source's mean rate, read in the same batches, is the figure. Each source first
+reads a few rows untimed, so that neither pays for starting the executors' Python
+workers (the run that comes first would otherwise). Each run also reports
+Spark's own per-batch phases (``durationMs``, summed over its batches, and per
+batch for the runs in batches of 100,000), and the time before its first trigger
+and after its last batch.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 import pyarrow as pa  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition  # noqa: E402
+from pyspark.sql.streaming.datasource import ReadMaxRows, SupportsTriggerAvailableNow  # noqa: E402
 
 from broker import Client  # noqa: E402
 from spark_connector.datasource import SCHEMA  # noqa: E402
@@ -53,31 +56,44 @@ class MemorySource(DataSource):
         return SCHEMA
 
     def streamReader(self, schema):
-        return MemoryReader(int(self.options["rows"]), int(self.options["partitions"]))
+        return MemoryReader(int(self.options["rows"]), int(self.options["partitions"]),
+                            int(self.options.get("batch", 0)))
 
 
-class MemoryReader(DataSourceStreamReader):
-    def __init__(self, rows: int, partitions: int) -> None:
-        self.rows, self.parts = rows, partitions
+class MemoryReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Rows ``[start, end)`` of ``rows``, at most ``batch`` per micro-batch (option
+    ``batch``; default all in one), split evenly over ``partitions`` tasks."""
+
+    def __init__(self, rows: int, partitions: int, batch: int = 0) -> None:
+        self.rows, self.parts, self.batch = rows, partitions, batch or rows
 
     def initialOffset(self):
-        return {"done": False}
+        return {"rows": 0}
+
+    def getDefaultReadLimit(self):
+        return ReadMaxRows(self.batch)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        pass
 
     def latestOffset(self, start, limit):
-        return {"done": True}
+        wanted = limit.max_rows if isinstance(limit, ReadMaxRows) else self.batch
+        return {"rows": min(self.rows, start["rows"] + wanted)}
 
     def partitions(self, start, end):
-        if start == end:
+        first, last = start["rows"], end["rows"]
+        if first >= last:
             return []
-        return [InputPartition(i) for i in range(self.parts)]
+        share = -(-(last - first) // self.parts)
+        return [InputPartition((b, min(last, b + share))) for b in range(first, last, share)]
 
     def read(self, partition):
-        share = self.rows // self.parts
+        first, last = partition.value
         now = time.time_ns() // 1000
-        for begin in range(0, share, 2500):
-            n = min(2500, share - begin)
+        for begin in range(first, last, 2500):
+            n = min(2500, last - begin)
             yield pa.RecordBatch.from_arrays([
-                pa.array([f"{partition.value:04x}{begin + i:012x}" for i in range(n)], pa.string()),
+                pa.array([f"{begin + i:016x}" for i in range(n)], pa.string()),
                 pa.array([BODY] * n, pa.binary()),
                 pa.array([now] * n, pa.timestamp("us", tz="UTC")),
                 pa.array([1] * n, pa.int32()),
@@ -122,15 +138,26 @@ def _epoch(timestamp: str) -> float:
 WARM_UP_ROWS = 2000
 
 
+def per_batch(phases: dict) -> dict:
+    """Spark's phases of a run (``durationMs`` summed over its batches), per batch."""
+    n = max(1, phases.get("batches", 0))
+    return {phase: round(ms / n) for phase, ms in phases.items()
+            if phase not in ("batches", "beforeFirstTrigger", "afterLastBatch")}
+
+
+SMALL_BATCH = 100_000
+
+
 def run(spark, messages: int, partitions: int) -> dict:
     spark.dataSource.register(MemorySource)
 
-    def memory(rows: int):
+    def memory(rows: int, batch: int = 0):
         return (spark.readStream.format("pynsq_bench_memory").option("rows", rows)
-                .option("partitions", partitions).load())
+                .option("partitions", partitions).option("batch", batch).load())
 
     proc, address = start_pynsqd("--msg-timeout", "15m",
                                  "--mem-queue-size", str(2 * messages))
+    small = min(SMALL_BATCH, max(1, messages // 10))
     try:
         client = Client(address)
 
@@ -144,10 +171,12 @@ def run(spark, messages: int, partitions: int) -> dict:
 
         timed_available_now(pynsq("warmup", WARM_UP_ROWS))
         timed_available_now(memory(WARM_UP_ROWS))
-        # The memory source runs before and after the pynsq reads; the ceiling is the mean
+        # Each memory source runs before and after the pynsq reads; its ceiling is the mean
         # of the two, so that a machine whose load changes meanwhile tilts the ratio less.
         memory_phases: dict = {}
         memory_runs = [timed_available_now(memory(messages), memory_phases)]
+        memory_small_phases: dict = {}
+        memory_small_runs = [timed_available_now(memory(messages, small), memory_small_phases)]
         phases: dict = {}
         pynsq_s, pynsq_rows = timed_available_now(pynsq("bench", messages), phases)
         # The same read in one micro-batch, as the memory source does: what the
@@ -156,27 +185,35 @@ def run(spark, messages: int, partitions: int) -> dict:
         one_s, one_rows = timed_available_now(pynsq(
             "bench1", messages, maxMessagesPerTrigger=messages, maxBytesPerTrigger=1 << 30),
             one_phases)
-        # In batches of 100,000 (the default read limit before it was 1,000,000): what
-        # Spark's cost per micro-batch adds.
+        # In batches of 100,000, against the memory source in the same batches: what
+        # each micro-batch costs pynsq beyond what it costs any Python source.
         small_phases: dict = {}
         small_s, small_rows = timed_available_now(pynsq(
-            "bench100k", messages, maxMessagesPerTrigger=100_000), small_phases)
+            "bench100k", messages, maxMessagesPerTrigger=small), small_phases)
         client.close()
     finally:
         stop(proc)
+    memory_small_runs.append(timed_available_now(memory(messages, small)))
     memory_runs.append(timed_available_now(memory(messages)))
     memory_rate = sum(rows / s for s, rows in memory_runs) / len(memory_runs)
+    memory_small_rate = sum(rows / s for s, rows in memory_small_runs) / len(memory_small_runs)
     memory_rows = memory_runs[0][1]
     pynsq_rate = pynsq_rows / pynsq_s
     return {"messages": messages, "pynsq_rows": pynsq_rows, "pynsq_rows_per_s": round(pynsq_rate),
             "one_batch_rows": one_rows, "one_batch_rows_per_s": round(one_rows / one_s),
+            "small_batch": small, "batches_of_100k_rows": small_rows,
             "batches_of_100k_rows_per_s": round(small_rows / small_s),
             "memory_rows": memory_rows, "memory_rows_per_s": round(memory_rate),
+            "memory_batches_of_100k_rows": memory_small_runs[0][1],
+            "memory_batches_of_100k_rows_per_s": round(memory_small_rate),
             "ratio": round(pynsq_rate / memory_rate, 3),
             "one_batch_ratio": round(one_rows / one_s / memory_rate, 3),
-            "batches_of_100k_ratio": round(small_rows / small_s / memory_rate, 3),
+            "batches_of_100k_ratio": round(small_rows / small_s / memory_small_rate, 3),
             "phases_ms": phases, "one_batch_phases_ms": one_phases,
-            "batches_of_100k_phases_ms": small_phases, "memory_phases_ms": memory_phases}
+            "batches_of_100k_phases_ms": small_phases, "memory_phases_ms": memory_phases,
+            "memory_batches_of_100k_phases_ms": memory_small_phases,
+            "batches_of_100k_per_batch_ms": per_batch(small_phases),
+            "memory_batches_of_100k_per_batch_ms": per_batch(memory_small_phases)}
 
 
 def rate_micro_batch(spark, rows: int) -> float:
@@ -199,7 +236,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="repetitions in one session")
     args = parser.parse_args()
     spark = (SparkSession.builder.master("local[2]").appName("pynsq-bench")
-             .config("spark.ui.enabled", "false").getOrCreate())
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     for _ in range(args.rounds):
         print(json.dumps(run(spark, args.messages, args.partitions)), flush=True)

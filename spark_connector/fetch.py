@@ -45,6 +45,32 @@ class LeaseLost(RuntimeError):
     """A task's lease is gone: it cannot read what the batch planned to read."""
 
 
+# Clients kept by an executor's Python worker between tasks (Spark reuses the worker,
+# ``spark.python.worker.reuse``): a task of the next batch fetches over the connection
+# the last one opened, instead of paying a connect and HTTP/2 handshake per task.
+# Keyed by broker address and security; one that failed is dropped, never reused.
+MAX_KEPT_CLIENTS = 64
+_clients: dict[tuple, Client] = {}
+
+
+def _client(part) -> tuple[tuple, Client]:
+    security = part.security.client_kwargs() if part.security else {}
+    key = (part.address, tuple(sorted(security.items())))
+    client = _clients.pop(key, None)
+    if client is None:
+        client = Client(part.address, timeout=part.timeout_s, **security)
+    _clients[key] = client  # the most recently used last
+    while len(_clients) > MAX_KEPT_CLIENTS:
+        _clients.pop(next(iter(_clients))).close()
+    return key, client
+
+
+def _drop(key: tuple) -> None:
+    client = _clients.pop(key, None)
+    if client is not None:
+        client.close()
+
+
 def fetch_slice(part) -> Iterator[pa.RecordBatch]:
     """Yield the messages of ``part`` (a ``LeaseSlice``) still held by its lease.
 
@@ -54,8 +80,8 @@ def fetch_slice(part) -> Iterator[pa.RecordBatch]:
     nothing; with ``failOnDataLoss=false`` a lease that ended reads nothing and
     logs why (one asked of the wrong broker instance still fails).
     """
-    client = Client(part.address, timeout=part.timeout_s,
-                    **(part.security.client_kwargs() if part.security else {}))
+    key, client = _client(part)
+    done = False
     try:
         frames = client.fetch_lease(part.lease_id, part.partition, part.num_partitions,
                                     broker_id=part.broker_id,
@@ -63,6 +89,7 @@ def fetch_slice(part) -> Iterator[pa.RecordBatch]:
         for frame in frames:
             if frame.count:
                 yield to_record_batch(frame, part.topic, part.channel)
+        done = True
     except LeaseNotFound as err:
         if not part.fail_on_data_loss and not isinstance(err, WrongBroker):
             log.warning("pynsq: lease %s on %s is gone (%s); reading nothing "
@@ -75,4 +102,7 @@ def fetch_slice(part) -> Iterator[pa.RecordBatch]:
         raise ConnectionError(f"pynsq source: fetching lease {part.lease_id} from "
                               f"{part.address} failed: {err}") from None
     finally:
-        client.close()
+        if not done:
+            # Failed, or stopped half-way (Spark cancelled the task, a LIMIT was reached):
+            # a stream left open must not stay on a connection the next task reuses.
+            _drop(key)

@@ -30,7 +30,9 @@ def test_benchmark_prints_and_writes_the_table_with_every_row_marked(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     figures = [r["figure"] for r in rows]
     expected = ["gRPC MPUB", "gRPC consume", "TCP V2 MPUB", "TCP V2 consume",
-                "Spark pynsq -> noop", "Spark pynsq -> noop, one", "Spark pub_to_topic",
+                "Spark pynsq -> noop", "Spark pynsq -> noop, one",
+                "Spark pynsq -> noop, batches of", "Spark latency p50", "Spark latency p99",
+                "Spark pub_to_topic",
                 "Spark format(\"pynsq\") sink",
                 "latency p99", "broker RSS", "durable publish", "restart, ",
                 "bytes rewritten per byte published, idle",

@@ -247,3 +247,75 @@ def test_max_bytes_per_trigger_bounds_a_batch(broker, client):
         assert keeper.reserve(1, 100, 3500)["0"]["count"] == 3
     finally:
         keeper.close()
+
+
+def test_a_worker_fetches_the_next_batchs_slices_over_the_connection_it_kept(broker, client):
+    from spark_connector import fetch
+
+    keeper = LeaseKeeper(keeper_options(broker.address))
+    try:
+        keeper.ensure_channel()
+        read, kept = set(), set()
+        for batch in (1, 2, 3):
+            published = publish(client, "events", 10)
+            lease = keeper.reserve(batch, 100, 1 << 20)["0"]
+            assert set(rows(a_slice(lease))) == published
+            keeper.finish_through(batch, {})
+            read |= published
+            kept |= {c for (address, _), c in fetch._clients.items()
+                     if address == broker.address}
+        assert len(kept) == 1  # one client (one connection) for the three batches
+        assert channel_stats(client, "events").finish_count == len(read) == 30
+    finally:
+        keeper.close()
+
+
+def test_a_fetch_that_failed_leaves_no_connection_for_the_next_task_to_reuse(broker, client):
+    from spark_connector import fetch
+
+    publish(client, "events", 5)
+    keeper = LeaseKeeper(keeper_options(broker.address))
+    try:
+        keeper.ensure_channel()
+        lease = keeper.reserve(1, 100, 1 << 20)["0"]
+        rows(a_slice(lease))
+        kept = fetch._clients[(broker.address, ())]
+        client.requeue_leases([lease["lease"]])
+        with pytest.raises(LeaseLost):
+            rows(a_slice(lease))
+        assert fetch._clients.get((broker.address, ())) is not kept
+        # A slice read half-way (a LIMIT, a cancelled task) is not kept either.
+        lease = keeper.reserve(2, 100, 1 << 20)["0"]
+        next(fetch_slice(a_slice(lease))).num_rows  # noqa: B018
+        assert (broker.address, ()) not in fetch._clients
+    finally:
+        keeper.close()
+
+
+def test_a_kept_connection_reads_from_a_broker_restarted_on_its_address(tmp_path):
+    from broker import EmbeddedBroker
+    from spark_connector import fetch
+
+    data = str(tmp_path / "data")
+    with EmbeddedBroker(data_path=data) as first:
+        address = first.address
+        keeper = LeaseKeeper(keeper_options(address))
+        keeper.ensure_channel()
+        with Client(address) as c:
+            published = publish(c, "events", 10)
+        lease = keeper.reserve(1, 100, 1 << 20)["0"]
+        assert set(rows(a_slice(lease))) == published
+        keeper.finish_through(1, {})
+        keeper.close()
+    kept = fetch._clients[(address, ())]
+    with EmbeddedBroker(data_path=data, grpc_address=address):
+        keeper = LeaseKeeper(keeper_options(address))
+        try:
+            keeper.ensure_channel()
+            with Client(address) as c:
+                published = publish(c, "events", 10)
+            lease = keeper.reserve(1, 100, 1 << 20)["0"]
+            assert set(rows(a_slice(lease))) == published
+            assert fetch._clients[(address, ())] is kept
+        finally:
+            keeper.close()
