@@ -36,6 +36,7 @@ QUICK = {"grpc": 20_000, "tcp": 40_000, "spark": 50_000, "writers": 20_000,
          "scaling": 5_000, "tls": 20_000}
 # Every row end to end on tiny sizes: the figures mean nothing, the table's shape does.
 SMOKE = {"grpc": 2_000, "tcp": 4_000, "spark": 2_000, "writers": 2_000,
+         "spark_latency_s": 2, "spark_warm_up_s": 1,
          "durable": 2_000, "durable_rounds": 1,
          "queued": 2_000, "latency": 100, "nsq_runfor": "1s", "nsq_rounds": 1,
          "scaling": 200, "tls": 2_000, "settle": 0.0}
