@@ -179,7 +179,14 @@ def measure(df, seconds: float, warm_up: float) -> tuple[dict, dict]:
             wait_for(lambda: any(_epoch(p["timestamp"]) > until for p in query.recentProgress),
                      60)
         finally:
-            query.stop()
+            # With a 0 s trigger a batch is always running, and stopping it logs its
+            # abort as errors with stack traces: nothing went wrong, so say nothing.
+            context = df.sparkSession.sparkContext
+            context.setLogLevel("OFF")
+            try:
+                query.stop()
+            finally:
+                context.setLogLevel("ERROR")
         progress = [p for p in query.recentProgress
                     if p["numInputRows"] and since <= _epoch(p["timestamp"]) < until]
         latencies = read_latencies(path, since, until)
