@@ -1,6 +1,6 @@
 """``make bench``: every benchmark, one table of ratios against same-run baselines.
 
-    python -m benchmarks.run [--quick | --smoke] [--json benchmarks/results/latest.json]
+    python -m benchmarks.run [--quick | --smoke] [--no-spark] [--json benchmarks/results/latest.json]
 
 Each row: a figure, the baseline measured in the same run, their ratio, and the
 goal, marked ``met`` or ``MISSED``. Rows print as they are measured (a line
@@ -8,6 +8,8 @@ naming each stage first); a summary line counts the goals met. Machines are
 shared and noisy: compare ratios, not absolute figures. ``--quick`` runs reduced
 sizes; ``--smoke`` the smallest that still run every row end to end, in seconds rather
 than minutes (the test suite runs it to keep the table working; it never asserts a speed).
+``--no-spark`` leaves out the Spark rows (a host without Java, or a caller that runs
+``spark_rows`` in its own Spark session).
 """
 
 from __future__ import annotations
@@ -39,7 +41,10 @@ SMOKE = {"grpc": 2_000, "tcp": 4_000, "spark": 2_000, "writers": 2_000,
          "spark_latency_s": 2, "spark_warm_up_s": 1,
          "durable": 2_000, "durable_rounds": 1,
          "queued": 2_000, "latency": 100, "nsq_runfor": "1s", "nsq_rounds": 1,
-         "scaling": 200, "tls": 2_000, "settle": 0.0}
+         "scaling": 200, "tls": 2_000, "settle": 0.0,
+         # One memory-source run for each Spark ratio (not one before and one after the
+         # pynsq reads), no warm-up, and "batches of" in two batches.
+         "spark_memory_after": False, "spark_warm_up": False, "spark_small_batches": 2}
 
 
 GOAL = re.compile(r"^(ratio )?(>=|<=) ([\d.]+)")
@@ -66,23 +71,30 @@ def goal_met(r: dict) -> bool | None:
     return measured >= bound if m.group(2) == ">=" else measured <= bound
 
 
-def spark_rows(sizes: dict) -> list[dict]:
+def spark_rows(sizes: dict, spark=None) -> list[dict]:
+    """The Spark rows, in ``spark`` if given (left running) or in a session of their own."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     from . import spark_latency, spark_source, writers
 
-    spark = (SparkSession.builder.master("local[2]").appName("pynsq-bench")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    own = spark is None
+    if own:
+        spark = (SparkSession.builder.master("local[2]").appName("pynsq-bench")
+                 .config("spark.ui.enabled", "false")
+                 .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
     try:
-        r = spark_source.run(spark, sizes["spark"], 2)
+        r = spark_source.run(spark, sizes["spark"], 2,
+                             memory_after=sizes.get("spark_memory_after", True),
+                             warm_up=sizes.get("spark_warm_up", True),
+                             small_batches=sizes.get("spark_small_batches", 10))
         rate = spark_source.rate_micro_batch(spark, sizes["spark"])
         lat = spark_latency.run(spark, sizes["spark_latency_s"], sizes["spark_warm_up_s"])
         w = writers.run(spark, sizes["writers"], 2)
     finally:
-        spark.stop()
+        if own:
+            spark.stop()
     return [
         row("Spark pynsq -> noop (availableNow)", r["pynsq_rows_per_s"], "rows/s",
             r["memory_rows_per_s"], "ratio >= 0.8 (÷ in-memory Python source)"),
@@ -162,7 +174,7 @@ def tls_rows(sizes: dict) -> list[dict]:
                               ("TCP V2 consume RDY 2500 + FIN", "tcp_consume"))]
 
 
-def collect(sizes: dict) -> Iterator[dict]:
+def collect(sizes: dict, with_spark: bool = True) -> Iterator[dict]:
     """Every row, each yielded as soon as it is measured (``stage`` lines between)."""
     stage("gRPC throughput and latency, TCP V2 throughput")
     g = grpc_throughput.run(sizes["grpc"], sizes["latency"])
@@ -180,8 +192,9 @@ def collect(sizes: dict) -> Iterator[dict]:
         row("latency p99 publish->deliver @1k/s", g["latency"]["p99_ms"], "ms", None,
             "<= 5 ms"),
     ]
-    stage("Spark source and writers")
-    yield from spark_rows(sizes)
+    if with_spark:
+        stage("Spark source and writers")
+        yield from spark_rows(sizes)
     stage("durability: memory held, restart, durable ÷ memory-only")
     d = durability.run(sizes["durable"], sizes["queued"], sizes["durable_rounds"],
                        sizes.get("settle", 5.0))
@@ -250,6 +263,8 @@ def main() -> None:
     sizes.add_argument("--quick", action="store_true", help="reduced sizes")
     sizes.add_argument("--smoke", action="store_true",
                        help="the smallest sizes that run every row (figures mean nothing)")
+    parser.add_argument("--no-spark", action="store_true",
+                        help="leave out the Spark rows (they start a Spark session)")
     parser.add_argument("--json", default="benchmarks/results/latest.json",
                         help="where to write the table as JSON")
     args = parser.parse_args()
@@ -257,7 +272,8 @@ def main() -> None:
     print(COLUMNS, flush=True)
     rows = []
     kind = "smoke" if args.smoke else "quick" if args.quick else "full"
-    for r in collect({"smoke": SMOKE, "quick": QUICK, "full": FULL}[kind]):
+    for r in collect({"smoke": SMOKE, "quick": QUICK, "full": FULL}[kind],
+                     with_spark=not args.no_spark):
         rows.append(r)
         print(table_row(r), flush=True)
     print(f"\n{summary(rows)} ({kind} run, {time.perf_counter() - started:.0f}s)")

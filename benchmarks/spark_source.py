@@ -148,7 +148,11 @@ def per_batch(phases: dict) -> dict:
 SMALL_BATCH = 100_000
 
 
-def run(spark, messages: int, partitions: int) -> dict:
+def run(spark, messages: int, partitions: int, memory_after: bool = True, warm_up: bool = True,
+        small_batches: int = 10) -> dict:
+    """pynsq against the in-memory source: each memory read runs before the pynsq reads
+    and, with ``memory_after``, again after them; "batches of" reads in ``small_batches``
+    micro-batches (at most 100,000 each)."""
     spark.dataSource.register(MemorySource)
 
     def memory(rows: int, batch: int = 0):
@@ -157,7 +161,7 @@ def run(spark, messages: int, partitions: int) -> dict:
 
     proc, address = start_pynsqd("--msg-timeout", "15m",
                                  "--mem-queue-size", str(2 * messages))
-    small = min(SMALL_BATCH, max(1, messages // 10))
+    small = min(SMALL_BATCH, max(1, messages // small_batches))
     try:
         client = Client(address)
 
@@ -169,8 +173,9 @@ def run(spark, messages: int, partitions: int) -> dict:
                     .option("topic", topic).option("channel", "spark")
                     .option("numPartitions", partitions).options(**options).load())
 
-        timed_available_now(pynsq("warmup", WARM_UP_ROWS))
-        timed_available_now(memory(WARM_UP_ROWS))
+        if warm_up:
+            timed_available_now(pynsq("warmup", WARM_UP_ROWS))
+            timed_available_now(memory(WARM_UP_ROWS))
         # Each memory source runs before and after the pynsq reads; its ceiling is the mean
         # of the two, so that a machine whose load changes meanwhile tilts the ratio less.
         memory_phases: dict = {}
@@ -193,8 +198,9 @@ def run(spark, messages: int, partitions: int) -> dict:
         client.close()
     finally:
         stop(proc)
-    memory_small_runs.append(timed_available_now(memory(messages, small)))
-    memory_runs.append(timed_available_now(memory(messages)))
+    if memory_after:
+        memory_small_runs.append(timed_available_now(memory(messages, small)))
+        memory_runs.append(timed_available_now(memory(messages)))
     memory_rate = sum(rows / s for s, rows in memory_runs) / len(memory_runs)
     memory_small_rate = sum(rows / s for s, rows in memory_small_runs) / len(memory_small_runs)
     memory_rows = memory_runs[0][1]

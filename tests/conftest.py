@@ -51,3 +51,11 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+def pytest_collection_modifyitems(items):
+    """Under ``pytest -n N --dist loadgroup`` every test on the shared Spark
+    session runs in one worker, so the run still has one Spark session."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("spark"))
