@@ -12,8 +12,11 @@ INSTALLED := $(VENV)/.installed
 demo: check-java $(INSTALLED)
 	$(BIN)/python examples/demo.py
 
+# The suite runs in $(TEST_WORKERS) processes (pytest-xdist); the tests on the shared Spark
+# session all run in one of them. TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 2
 test: check-java $(INSTALLED)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # Benchmarks: one table of ratios against same-run baselines (BENCH_ARGS=--quick for a short run).
 bench: check-java $(INSTALLED)

@@ -47,6 +47,9 @@ def spark():
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.sql.streaming.minBatchesToRetain", "5")
                .config("spark.driver.extraJavaOptions", "-Dlog4j.rootLogger=ERROR")
+               # A Python worker started while the host is busy gets a minute, not 15 s,
+               # to connect back to its JVM.
+               .config("spark.python.authenticate.socketTimeout", "60s")
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     yield session

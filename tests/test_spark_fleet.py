@@ -1,5 +1,8 @@
 """The source reads a fleet of brokers found through a real nsqlookupd
-(option ``lookupdHttpAddress``), on a multi-process local-cluster Spark."""
+(option ``lookupdHttpAddress``). The driver is a process of its own; its executors'
+Python workers are processes of their own too, so what they read comes through the
+planned partitions, not the driver's memory. (Separate executor JVMs are
+test_auth_spark.py's local-cluster test.)"""
 
 from __future__ import annotations
 
@@ -64,7 +67,7 @@ class Fleet:
 def drive(tmp_path: Path, lookupd: Lookupd, *extra: str) -> subprocess.Popen:
     log = open(tmp_path / "driver.log", "ab")  # a file: a pipe left unread could fill up
     driver = subprocess.Popen(
-        [sys.executable, str(DRIVER), "--master", "local-cluster[2,1,1024]",
+        [sys.executable, str(DRIVER),
          "--topic", TOPIC, "--channel", "spark", "--checkpoint", str(tmp_path / "ck"),
          "--out", str(tmp_path / "ids.txt"), "--max-per-trigger", "200",
          "--option", f"lookupdHttpAddress={lookupd.http_address}",

@@ -10,7 +10,8 @@ then hangs, so that a test can kill the driver mid-batch. With --sink-topic, eac
 batch is first relayed to that topic with ``pub_to_topic`` (batches of 10). With
 --then-stream, the ``availableNow`` query writes FILE once it has ended and a
 streaming query goes on from the same checkpoint, in the same session (one
-cluster started, not two).
+cluster started, not two). A test may run the same query in its own session:
+``run(spark, parse(argv))``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 import time
 
 
-def main() -> None:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     for name in ("topic", "channel", "checkpoint", "out"):
         parser.add_argument(f"--{name}", required=True)
@@ -36,21 +37,30 @@ def main() -> None:
     parser.add_argument("--sink-topic", default="")
     parser.add_argument("--option", action="append", default=[],
                         help="KEY=VALUE: another option of the source (tlsCaFile, authSecret)")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
 
+
+def main() -> None:
+    args = parse()
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
     builder = (SparkSession.builder.master(args.master).appName("pynsq-test-driver")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.python.authenticate.socketTimeout", "60s")  # a busy host
                .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable))
     if os.environ.get("PYTHONPATH"):  # executors of a cluster import the same code as the driver
         paths = [os.path.abspath(p) for p in os.environ["PYTHONPATH"].split(os.pathsep) if p]
         builder = builder.config("spark.executorEnv.PYTHONPATH", os.pathsep.join(paths))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    run(spark, args)
+    spark.stop()
 
+
+def run(spark, args: argparse.Namespace) -> None:
+    """The driver's query (or its two: ``--then-stream``), until it ends."""
     reader = spark.readStream.format("pynsq")
     if args.address:
         reader = reader.option("address", args.address)
@@ -83,18 +93,17 @@ def main() -> None:
 
     df = reader.load()
 
-    def run(available_now: bool) -> None:
+    def query(available_now: bool) -> None:
         writer = (df.writeStream.foreachBatch(record)
                   .option("checkpointLocation", args.checkpoint))
         writer = (writer.trigger(availableNow=True) if available_now
                   else writer.trigger(processingTime="200 milliseconds"))
         writer.start().awaitTermination()
 
-    run(args.available_now)
+    query(args.available_now)
     if args.available_now and args.then_stream:
         open(args.then_stream, "w").close()
-        run(False)
-    spark.stop()
+        query(False)
 
 
 if __name__ == "__main__":
