@@ -239,6 +239,10 @@ def test_stats_show_paused_state_and_depth_and_filter_by_channel():
     assert (topic.name, topic.paused, topic.depth) == ("events", True, 1)
     assert [(c.name, c.paused) for c in topic.channels] == [("b", True)]
     assert [c.name for c in broker.stats("events")[0].channels] == ["a", "b", "c"]
+    broker.topic("events").unpause()
+    broker.channel("events", "b").unpause()
+    [topic] = broker.stats("events", "b")
+    assert (topic.paused, topic.channels[0].paused) == (False, False)   # false, not null
 
 
 def test_stats_count_leased_messages_and_their_fins_with_latency():
