@@ -239,6 +239,10 @@ def test_stats_show_paused_state_and_depth_and_filter_by_channel():
     assert (topic.name, topic.paused, topic.depth) == ("events", True, 1)
     assert [(c.name, c.paused) for c in topic.channels] == [("b", True)]
     assert [c.name for c in broker.stats("events")[0].channels] == ["a", "b", "c"]
+    broker.topic("events").unpause()
+    broker.channel("events", "b").unpause()
+    [topic] = broker.stats("events", "b")
+    assert (topic.paused, topic.channels[0].paused) == (False, False)   # false, not null
 
 
 def test_stats_count_leased_messages_and_their_fins_with_latency():
@@ -284,3 +288,59 @@ def test_latency_percentiles_cover_only_the_last_4096_fins():
         c.channel.finish(c, msg_id)
     latency = dict(broker.stats("events")[0].channels[0].e2e_processing_latency)
     assert latency[0.99] == pytest.approx(0, abs=0.01)
+
+
+def test_the_info_log_has_a_line_per_change_an_operator_follows_and_none_per_message(caplog):
+    """README "The log": nsqd's lines for topics, channels, consumers and lease
+    sessions, each naming what changed, and nothing per message."""
+    import logging
+
+    from broker.consumer import Consumer
+    from broker.stats import ClientIdentity
+
+    caplog.set_level(logging.INFO, logger="pynsqd")
+    broker, clock = new_broker()
+    broker.create_channel("events", "archive")
+    received = []
+    who = ClientIdentity(client_id="spark-1", remote_address="127.0.0.1:5123", version="grpc")
+    consumer = Consumer.attach(broker, "events", "spark", received.append, identity=who)
+    consumer.channel.set_rdy(consumer, 5)
+    broker.multi_publish("events", [b"x"] * 50)
+    consumer.detach()
+    session = broker.open_lease_session("planner-7")
+    broker.reserve(session.session_id, "events", "archive", 3)
+    broker.reserve(session.session_id, "events", "archive", 4)
+    broker.close_lease_session(session.session_id)
+    topic, archive = broker.topic("events"), broker.channel("events", "archive")
+    archive.pause()
+    archive.unpause()
+    archive.empty()
+    topic.pause()
+    topic.unpause()
+    topic.empty()
+    broker.delete_channel("events", "archive")
+    broker.delete_topic("events")
+    lines = [r.getMessage() for r in caplog.records if r.name == "pynsqd"]
+    assert lines == [
+        "TOPIC(events): created",
+        "CHANNEL(events/archive): created",
+        "CHANNEL(events/spark): created",
+        "CLIENT(grpc spark-1 127.0.0.1:5123): subscribed to events/spark",
+        "CLIENT(grpc spark-1 127.0.0.1:5123): left events/spark (5 in flight requeued)",
+        "lease session planner-7 ended: requeueing 2 lease(s)",
+        "CHANNEL(events/archive): pausing",
+        "CHANNEL(events/archive): unpausing",
+        "CHANNEL(events/archive): emptying",
+        "TOPIC(events): pausing",
+        "TOPIC(events): unpausing",
+        "TOPIC(events): emptying",
+        "CHANNEL(events/archive): deleted",
+        "TOPIC(events): deleted",
+    ], "\n".join(lines)
+
+
+def test_an_mpub_of_no_messages_is_refused_saying_so():
+    broker, _ = new_broker()
+    with pytest.raises(InvalidMessage, match="^MPUB: no messages$"):
+        broker.multi_publish("events", [])
+    assert "events" not in broker.topics

@@ -343,9 +343,9 @@ def test_multi_publish_defers_each_message_by_its_own_delay():
     c = subscribe(broker, "events", "work")
     now, later = broker.multi_publish("events", [b"now", b"later"], defer_ms=[0, 2000])
     assert c.ids == [now]
-    advance(broker, clock, 1.99)
+    advance(broker, clock, 1.9995)                 # not a millisecond early
     assert c.ids == [now]
-    advance(broker, clock, 0.01)
+    advance(broker, clock, 0.001)
     assert c.ids == [now, later]
 
 
@@ -379,3 +379,51 @@ def test_ticks_move_only_due_messages_and_finished_ones_do_not_pile_up():
     assert len(queue._heap) < 4 * 1024  # compacted, not 10k stale entries
     assert list(queue.pop_due(99.0)) == []
     assert list(queue.pop_due(100.0)) == [msgs[0]]
+
+
+def test_a_consumer_attached_with_a_batch_callback_gets_batches_within_its_byte_bound():
+    """As the servers attach one: its own timeout, batches handed whole, and on leaving
+    what it held goes to the channel's other consumer at once."""
+    broker, clock = new_broker()
+    batches: list[list[str]] = []
+
+    def one_at_a_time(msg):
+        raise AssertionError("a consumer with a batch callback is handed batches")
+
+    c = Consumer.attach(broker, "events", "work", one_at_a_time, msg_timeout_ms=5000,
+                        on_messages=lambda msgs: batches.append([m.id for m in msgs]),
+                        batch_bytes=10)
+    assert c.msg_timeout == 5.0 and c.channel is broker.channel("events", "work")
+    ids = broker.multi_publish("events", [b"1234"] * 9)   # 4 bytes each
+    c.channel.set_rdy(c, 8)
+    assert batches == [ids[0:3], ids[3:6], ids[6:8]]
+    other = subscribe(broker, "events", "work")
+    assert other.ids == [ids[8]]
+    advance(broker, clock, 4.9)
+    assert list(c.in_flight) == ids[:8]                   # its 5 s, not the default 60 s
+    c.detach()
+    assert other.ids == [ids[8], *ids[:8]]
+    c.detach()                                            # leaving twice changes nothing
+    assert other.ids == [ids[8], *ids[:8]]
+
+
+def test_a_consumer_whose_transport_is_full_is_handed_nothing_until_it_drains():
+    broker, _ = new_broker()
+    c = subscribe(broker, "events", "work", rdy=10)
+    c.block()
+    ids = publish_n(broker, "events", 3)
+    assert c.received == [] and broker.channel("events", "work").depth == 3
+    c.unblock()
+    assert c.ids == ids
+
+
+def test_a_closing_consumer_is_handed_nothing_more_and_can_still_finish_what_it_holds():
+    """After CLS (nsqd's close): nothing new, whatever its RDY; its FINs still count."""
+    broker, _ = new_broker()
+    c = subscribe(broker, "events", "work", rdy=10)
+    first = publish_n(broker, "events", 2)
+    c.closing = True
+    publish_n(broker, "events", 3)
+    assert c.ids == first and broker.channel("events", "work").depth == 3
+    c.fin_all()
+    assert c.ids == first and not c.in_flight and broker.channel("events", "work").depth == 3

@@ -232,3 +232,24 @@ def test_a_lease_larger_than_mem_queue_size_is_taken_back_whole_after_a_kill(tmp
     assert broker.adopt_leases(replay.session_id, [requeued.lease_id, held.lease_id]) \
         == (2000, [])
     assert [m.id for m in broker.lease(held.lease_id).order] == [m.id for m in held.order]
+
+
+def test_a_requeued_lease_of_a_deleted_topic_is_gone_from_the_journal_with_it(tmp_path):
+    from broker.lease import LeaseJournal
+
+    broker, _ = new_broker()
+    for topic in ("events", "other"):
+        broker.create_channel(topic, "spark")
+        broker.multi_publish(topic, [b"a", b"b"])
+    journal = LeaseJournal(tmp_path / "leases.journal")
+    broker.restore_leases(journal)
+    failed = broker.open_lease_session("driver")
+    lease, _ = broker.reserve(failed.session_id, "events", "spark", 2, 5000)
+    broker.close_lease_session(failed.session_id)
+    live = broker.open_lease_session("other-driver")
+    other, _ = broker.reserve(live.session_id, "other", "spark", 2, 5000)
+    broker.delete_topic("events")              # gone at once, not only once asked for
+    assert [r[0] for r in journal.load()] == [other.lease_id]
+    replay = broker.open_lease_session("driver")
+    assert broker.adopt_leases(replay.session_id, [lease.lease_id]) == (0, [lease.lease_id])
+    assert [r[0] for r in journal.load()] == [other.lease_id]

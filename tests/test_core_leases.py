@@ -264,3 +264,23 @@ def test_reserve_of_zero_messages_is_refused():
     session = broker.open_lease_session()
     with pytest.raises(InvalidRequest, match="max_messages 0 must be positive"):
         broker.reserve(session.session_id, "events", "spark", 0)
+
+
+def test_max_bytes_holds_when_expired_messages_leave_on_the_way():
+    """A reserve takes live messages past the expired ones (which leave the channel),
+    and their bodies still stay within max_bytes."""
+    broker, clock = new_broker()
+    session = broker.open_lease_session()
+    broker.create_channel("events", "spark")
+    bodies, ttls = [], []
+    for run in (9, 8, 7, 6, 5, 4, 3):      # each run of expired messages, then a live one
+        bodies += [b"e" * 100] * run + [b"L" * 100]
+        ttls += [1000] * run + [0]
+    ids = broker.multi_publish("events", bodies, ttl_ms=ttls)
+    live = [i for i, ttl in zip(ids, ttls) if not ttl]
+    clock.advance(1.0)                      # the ttls end
+    lease, _ = broker.reserve(session.session_id, "events", "spark", 10, max_bytes=450)
+    assert [m.id for m in lease.order] == live[:4]
+    assert sum(len(m.body) for m in lease.order) == 400
+    lease, depth = broker.reserve(session.session_id, "events", "spark", 10, max_bytes=450)
+    assert ([m.id for m in lease.order], depth) == (live[4:], 0)

@@ -72,3 +72,62 @@ class QueueModel(RuleBasedStateMachine):
 QueueModel.TestCase.settings = settings(max_examples=200, stateful_step_count=40,
                                         deadline=None)
 test_deadline_queue_agrees_with_a_dict_of_deadlines = QueueModel.TestCase
+
+
+def _slots_held(queue: DeadlineQueue) -> int:
+    """Messages the queue's entries hold, live or stale (what its memory grows with)."""
+    return sum(len(e[2]) if type(e[2]) is list else 1 for e in queue._heap)
+
+
+def _messages(n: int, start: int = 0) -> list[Message]:
+    return [Message(f"{i:016x}", b"x", 0) for i in range(start, start + n)]
+
+
+def test_finished_messages_do_not_pile_up_whatever_was_popped_or_pushed_as_a_lease():
+    """The docstring's bound: stale entries are dropped once they outnumber live ones
+    four to one, for single messages after many were popped due, and for the messages
+    of leases FINed one by one."""
+    queue = DeadlineQueue()
+    popped = _messages(10_000)
+    for i, msg in enumerate(popped):
+        queue.push(msg, float(i))
+    assert len(list(queue.pop_due(10_000.0))) == 10_000
+    singles = _messages(10_000, 10_000)
+    for msg in singles:
+        queue.push(msg, 1e6)
+    for msg in singles[1:]:
+        queue.cancel(msg)
+    assert len(queue) == 1 and _slots_held(queue) < 4 * 1024
+
+    leases = DeadlineQueue()
+    groups = [_messages(100, 100 * g) for g in range(100)]
+    for group in groups:
+        leases.push_many(group, 1e6)
+    for group in groups:
+        for msg in group[1:]:
+            leases.cancel(msg)
+    assert len(leases) == 100 and _slots_held(leases) < 4 * 1024
+    assert sorted(m.id for m in leases.live()) == sorted(g[0].id for g in groups)
+
+
+def test_cancelling_a_few_among_many_live_messages_does_not_rebuild_the_queue():
+    """Cancelling is O(1): the whole queue is rebuilt only when stale entries outnumber
+    live ones four to one, not whenever it is large, nor after a lease was popped due."""
+    queue = DeadlineQueue()
+    live = _messages(2000)
+    for msg in live:
+        queue.push(msg, 1e6)
+    heap = queue._heap
+    queue.cancel_many(live[:10])
+    queue.cancel(live[10])
+    assert queue._heap is heap and len(queue) == 1989
+
+    queue = DeadlineQueue()
+    queue.push_many(_messages(600), 1.0)
+    singles = _messages(300, 600)
+    for msg in singles:
+        queue.push(msg, 1e6)
+    assert len(list(queue.pop_due(1.0))) == 600
+    heap = queue._heap
+    queue.cancel(singles[0])
+    assert queue._heap is heap and len(queue) == 299

@@ -245,3 +245,100 @@ def test_broadcast_ports_are_what_is_registered_with_nsqlookupd():
     broker, _ = new_broker()
     info = LookupdRegistration(broker, listening).peer_info()
     assert (info["tcp_port"], info["http_port"]) == (4150, 4151)
+
+
+def test_the_default_node_id_is_within_nsqds_range_and_differs_between_ports_of_one_host():
+    """Message ids carry the node id in 10 bits (``--node-id`` 0 to 1023); brokers on
+    one host listening on different ports differ unless 1024 ports apart."""
+    o = Options()
+    ids = [o.node_id_for(f"127.0.0.1:{port}") for port in range(65536)]
+    assert min(ids) >= 0 and max(ids) <= 1023
+    assert len(set(ids[4000:5024])) == 1024
+    assert ids[4150] == ids[4150 + 1024]
+    assert Options(node_id=7).node_id_for("127.0.0.1:4170") == 7
+
+
+@pytest.mark.parametrize("name", ["grpc_address", "tcp_address", "http_address", "https_address"])
+def test_a_bad_listener_address_is_refused_naming_its_flag(name):
+    flag = name.replace("_", "-")
+    with pytest.raises(ValueError, match=f"^{flag}: expected host:port"):
+        Options(**{name: "127.0.0.1:http"})
+
+
+@pytest.mark.parametrize("address, expected", [
+    ("[::1]:4150", ("::1", 4150)), ("[fe80::1%eth0]:0", ("fe80::1%eth0", 0)),
+    (":4150", ("", 4150)), ("localhost:4150", ("localhost", 4150)),
+])
+def test_a_listen_address_is_read_with_an_ipv6_host_in_brackets_or_no_host(address, expected):
+    from broker.options import split_listen_address
+
+    assert split_listen_address(address, "tcp-address") == expected
+    assert Options(tcp_address=address).tcp_address == address
+
+
+@pytest.mark.parametrize("address", ["statsd", "statsd:0", ":8125", "[::1]8125"])
+def test_a_statsd_address_without_host_and_port_is_refused_naming_it(address):
+    with pytest.raises(ValueError, match="^statsd-address: expected host:port"):
+        Options(statsd_address=address)
+    assert Options(statsd_address="[::1]:8125").statsd_address == "[::1]:8125"
+
+
+def test_workers_are_a_count_or_auto_in_any_case():
+    import os
+
+    from broker.options import parse_workers
+
+    cores = len(os.sched_getaffinity(0))
+    assert [parse_workers(v) for v in (3, " 3 ", "1024", "auto", "AUTO", 0)] == [
+        3, 3, 1024, cores, cores, cores]
+    for value in ("many", "-1", True, "2.5"):
+        with pytest.raises(ValueError, match=f"workers: expected a number of workers or auto, "
+                                             f"got {re.escape(repr(value))}"):
+            parse_workers(value)
+    with pytest.raises(ValueError, match="workers: at most 1024 .one node id each., got 1025"):
+        parse_workers(1025)
+
+
+def test_a_config_file_that_cannot_be_read_is_refused_naming_it_and_why(tmp_path):
+    path = tmp_path / "missing.toml"
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: No such file or directory$"):
+        Options.from_toml(path)
+
+
+def test_every_option_has_a_help_line_and_a_fixed_one_says_why():
+    from broker.options import option_help
+
+    helps = option_help()
+    assert set(helps) == {f.name for f in dataclasses.fields(Options)}
+    assert all(help_ for _, help_, _ in helps.values())
+    assert helps["msg_timeout"][0] == 60_000 and helps["msg_timeout"][2] is True
+    assert helps["mem_queue_size"][2] is False
+    assert "declines compression" in helps["deflate"][1]
+
+
+@pytest.mark.parametrize("name, value, shown", [
+    ("deflate", True, "'false'"), ("max_heartbeat_interval", "2m", "'60s'"),
+    ("max_channel_consumers", 10, "0"),
+])
+def test_a_fixed_option_names_the_one_value_it_takes_as_a_flag_would_write_it(name, value, shown):
+    flag = name.replace("_", "-")
+    with pytest.raises(ValueError, match=f"^{flag}: only {shown} is supported "):
+        Options(**{name: value})
+
+
+@pytest.mark.parametrize("content, message", [
+    ('statsd_exclude_ephemeral = "yes"\n',
+     "statsd_exclude_ephemeral: expected true or false, got 'yes'"),
+    ("nsqlookupd_tcp_addresses = [4160]\n",
+     "nsqlookupd_tcp_addresses: expected a list of strings, got [4160]"),
+    ('nsqlookupd_tcp_addresses = "127.0.0.1:4160"\n', None),
+])
+def test_a_config_file_value_of_the_wrong_kind_is_refused_naming_the_kind(tmp_path, content,
+                                                                          message):
+    path = tmp_path / "pynsqd.toml"
+    path.write_text(content)
+    if message is None:   # one string for a repeatable option: a list of one
+        assert Options.from_toml(path).lookupd_tcp_address == ("127.0.0.1:4160",)
+        return
+    with pytest.raises(ValueError, match=f"pynsqd.toml: {re.escape(message)}$"):
+        Options.from_toml(path)

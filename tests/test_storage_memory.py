@@ -133,3 +133,55 @@ def test_held_deferred_messages_on_disk_that_came_due_are_ready_once_a_channel_e
     ch = broker.channel("events", "work")
     assert (ch.depth, ch.deferred_count) == (20, 0)
     assert sorted(drain(broker, "events", "work")) == sorted(dpub)
+
+
+def test_a_paused_topic_holds_deferred_messages_on_disk_for_each_of_its_channels(tmp_path):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, mem_queue_size=LIMIT)
+    for name in ("a", "b"):
+        broker.create_channel("events", name)
+    topic = broker.topic("events")
+    topic.pause()
+    dpub = [broker.publish("events", b"d%03d" % i, defer_ms=10_000) for i in range(50)]
+    stats = topic.stats()
+    assert stats.memory_count <= LIMIT
+    assert stats.on_disk_count + stats.memory_count == 50   # each message counted once
+    topic.unpause()
+    assert [broker.channel("events", n).deferred_count for n in ("a", "b")] == [50, 50]
+    clock.advance(11)
+    broker.tick()
+    assert list(drain(broker, "events", "a")) == dpub
+    assert list(drain(broker, "events", "b")) == dpub
+
+
+@pytest.mark.parametrize("stop", RESTARTS)
+def test_a_topic_without_channels_keeps_its_deferred_messages_on_disk_across_restarts(
+        tmp_path, stop):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, mem_queue_size=LIMIT)
+    dpub = [broker.publish("events", b"d%03d" % i, defer_ms=10_000) for i in range(50)]
+    stop(broker)
+    broker = start(tmp_path, clock, mem_queue_size=LIMIT)
+    assert broker.topic("events").depth == 50
+    broker.create_channel("events", "work")
+    clock.advance(9)
+    broker.tick()
+    assert broker.channel("events", "work").depth == 0      # not due before its time
+    clock.advance(2)
+    broker.tick()
+    assert sorted(drain(broker, "events", "work")) == sorted(dpub)
+
+
+def test_emptying_a_topic_drops_what_it_holds_on_disk_for_good(tmp_path):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, mem_queue_size=LIMIT)
+    broker.multi_publish("events", [b"m%03d" % i for i in range(50)])
+    broker.publish("events", b"later", defer_ms=5000)
+    broker.topic("events").empty()
+    assert broker.topic("events").depth == 0
+    broker.storage.close()
+    broker = start(tmp_path, clock, mem_queue_size=LIMIT)
+    broker.create_channel("events", "work")
+    clock.advance(6)
+    broker.tick()
+    assert drain(broker, "events", "work") == {}
