@@ -68,6 +68,18 @@ def test_consumer_holds_no_more_than_its_rdy_until_it_fins(client):
         wait_for(lambda: channel_stats(client, "events", "work").depth == 6)
 
 
+def test_stats_count_each_grpc_subscribers_messages_reqs_and_fins(client):
+    with client.subscribe("events", "work", rdy=1, client_id="counted") as sub:
+        client.publish("events", "again")
+        [(_, first)] = collect([sub], 1, fin=False)
+        sub.req(first.id)
+        collect([sub], 1)
+        wait_for(lambda: channel_stats(client, "events", "work").finish_count == 1)
+        [k] = channel_stats(client, "events", "work").clients
+        assert (k.client_id, k.message_count, k.requeue_count, k.finish_count,
+                k.in_flight_count, k.ready_count) == ("counted", 2, 1, 1, 0, 1)
+
+
 def test_timed_out_message_is_redelivered_with_higher_attempts(client):
     with client.subscribe("events", "work", rdy=1, msg_timeout_ms=1000) as sub:
         msg_id = client.publish("events", "late")
