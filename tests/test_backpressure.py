@@ -165,29 +165,6 @@ def test_a_grpc_stream_that_is_not_read_stops_receiving(client, broker):
         call.cancel()
 
 
-def test_a_grpc_consumer_that_reads_a_burst_over_its_stream_buffer_keeps_its_stream(
-        client, broker):
-    """A burst of a frame's worth of messages (2500) blocks the stream until they are
-    sent; a consumer that reads them is not taken for stuck when its timeout passes."""
-    with client.subscribe("t", "ch", rdy=2500, msg_timeout_ms=1000) as sub:
-        ids = client.multi_publish("t", [b"m"] * 2500)
-        got = set()
-        for _ in ids:
-            msg = sub.get(10)
-            assert msg is not None, f"the stream ended after {len(got)} messages"
-            got.add(msg.id)
-        sub.fin(*got)
-        assert got == set(ids)
-        # Keep reading for twice the message timeout: the stream stays.
-        until = time.monotonic() + 2.0
-        while time.monotonic() < until:
-            [msg_id] = client.multi_publish("t", [b"more"])
-            msg = sub.get(10)
-            assert msg is not None and msg.id == msg_id, "the stream ended"
-            sub.fin(msg.id)
-        assert len(client.stats("t").topics[0].channels[0].clients) == 1
-
-
 def stall_tcp(client: Client, broker: EmbeddedBroker, msg_timeout_ms: int):
     return stalled_consumer(broker.tcp_address, msg_timeout_ms).close
 
