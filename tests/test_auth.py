@@ -352,6 +352,60 @@ def test_client_certificate_common_name_reaches_the_auth_server(certs):
         assert auth.queries
 
 
+def test_the_spark_options_tls_files_and_secret_make_a_client_and_the_secret_is_never_shown(
+        certs):
+    import pickle
+
+    from broker.security.client import ClientSecurity
+
+    security = ClientSecurity.from_options({
+        "tlscafile": certs.ca, "tlscertfile": certs.client_cert,
+        "tlskeyfile": certs.client_key, "authsecret": "s3cret"})
+    assert security.client_kwargs() == {"tls_ca": certs.ca, "tls_cert": certs.client_cert,
+                                        "tls_key": certs.client_key, "auth_secret": "s3cret"}
+    assert "s3cret" not in repr(security) and "auth_secret='***'" in repr(security)
+    assert repr(ClientSecurity()) == ("ClientSecurity(tls_ca=None, tls_cert=None, "
+                                      "tls_key=None, auth_secret=None)")
+    shipped = pickle.loads(pickle.dumps(security))     # as Spark ships it to executors
+    assert shipped == security and hash(shipped) == hash(security)
+    assert shipped != ClientSecurity(tls_ca=certs.ca)
+    with pytest.raises(ValueError, match="tlsCertFile and tlsKeyFile go together"):
+        ClientSecurity(tls_cert=certs.client_cert)
+    with AuthServer({"s3cret": reply(publish=".*")}) as auth, \
+            EmbeddedBroker(tls_cert=certs.server_cert, tls_key=certs.server_key,
+                           tls_root_ca_file=certs.ca, tls_client_auth_policy="require-verify",
+                           auth_http_addresses=[auth.address]) as b, \
+            Client(b.address, timeout=10, **shipped.client_kwargs()) as c:
+        assert c.publish("t", b"x")
+        assert [(q["secret"], q["common_name"]) for q in auth.queries] == [("s3cret",
+                                                                            CLIENT_NAME)]
+
+
+def test_https_asks_the_auth_server_once_per_connection_with_tls_and_the_common_name(certs):
+    import http.client
+    import ssl
+
+    with AuthServer({"cn": reply(publish=".*")}) as auth, \
+            EmbeddedBroker(tls_cert=certs.server_cert, tls_key=certs.server_key,
+                           tls_root_ca_file=certs.ca, tls_client_auth_policy="require-verify",
+                           https_address="127.0.0.1:0", auth_http_addresses=[auth.address]) as b:
+        context = ssl.create_default_context(cafile=certs.ca)
+        context.load_cert_chain(certs.client_cert, certs.client_key)
+        host, port = b.https_address.rsplit(":", 1)
+        connection = http.client.HTTPSConnection(host, int(port), context=context, timeout=10)
+        try:
+            for body in (b"one", b"two", b"three"):   # one keep-alive connection
+                connection.request("POST", "/pub?topic=t", body=body,
+                                   headers={"Authorization": "Bearer cn"})
+                answer = connection.getresponse()
+                assert (answer.status, answer.read()) == (200, b"OK")
+        finally:
+            connection.close()
+        assert [(q["secret"], q["tls"], q["common_name"]) for q in auth.queries] == [
+            ("cn", "true", CLIENT_NAME)]
+        assert b.call(lambda: b.broker.topic("t").message_count) == 3
+
+
 def test_tcp_asks_again_when_the_ttl_runs_out_and_a_revoked_secret_is_refused():
     now = [1000.0]
     secrets = {"rotating": reply(publish=".*", ttl=60)}

@@ -118,6 +118,12 @@ def test_changing_an_existing_channels_settings_needs_publish_and_subscribe(brok
     reader.create_channel("a-events", "main", max_attempts=5)  # the same value: no change
     channel = broker.call(lambda: broker.broker.channel("a-events", "main"))
     assert channel.max_attempts == 5
+    # A new channel naming only its dead-letter topic; then a subscriber's create of it
+    # as it stands (no settings) changes nothing and needs no publish right.
+    alice.create_channel("a-events", "routed", dead_letter_topic="a-events-failed")
+    reader.create_channel("a-events", "routed")
+    routed = broker.call(lambda: broker.broker.channel("a-events", "routed"))
+    assert routed.dead_letter_topic == "a-events-failed"
     alice.close()
     reader.close()
 
@@ -158,7 +164,8 @@ def test_a_lease_session_is_resumed_and_reserved_into_only_by_its_owner(broker):
     session = alice.open_lease_session("planner", grace_ms=60_000)
     lease = alice.reserve(session.session_id, "a-sessions", "spark", 1)
     session.close()
-    denied(lambda: bob.open_lease_session("thief", session_id=session.session_id))
+    refused = denied(lambda: bob.open_lease_session("thief", session_id=session.session_id))
+    assert f"lease session {session.session_id}: it belongs to another identity" in str(refused)
     denied(lambda: bob.reserve(session.session_id, "a-sessions", "spark", 1))
     mine = bob.open_lease_session("own")
     denied(lambda: bob.adopt_leases(mine.session_id, [lease.lease_id]))
@@ -275,6 +282,27 @@ def test_http_allowed_hosts_names_the_hosts_a_request_may_name():
         assert request_with_host(b.http_address, "/ping", "broker.internal:4151") == \
             (200, b"OK")
         assert request_with_host(b.http_address, "/ping", "evil.example")[0] == 403
+
+
+def test_a_loopback_listener_answers_to_its_broadcast_address_and_names_with_a_final_dot():
+    """nsqadmin reaches a broker by the address nsqlookupd hands out (--broadcast-address);
+    ``name.`` is the same host as ``name``."""
+    with EmbeddedBroker(broadcast_address="pynsq-node.example") as b:
+        port = b.http_address.rpartition(":")[2]
+        for host in (f"pynsq-node.example:{port}", f"PYNSQ-node.example.:{port}",
+                     f"localhost.:{port}"):
+            assert request_with_host(b.http_address, "/ping", host) == (200, b"OK"), host
+        assert request_with_host(b.http_address, "/ping", f"other.example:{port}")[0] == 403
+
+
+def test_allowed_hosts_take_any_host_name_and_star_takes_every_name():
+    from broker.options import Options
+    from broker.security.hosts import policy
+
+    listed = policy(Options(http_allowed_hosts=("XN--BCHER-KVA.example",)), "127.0.0.1:4151")
+    assert listed.allows("xn--bcher-kva.example:4151") and not listed.allows("localhost")
+    with EmbeddedBroker(http_allowed_hosts=("*",)) as b:
+        assert request_with_host(b.http_address, "/ping", "anything.example") == (200, b"OK")
 
 
 def test_allowed_hosts_come_from_the_flag_and_a_listener_beyond_loopback_accepts_any():

@@ -89,7 +89,9 @@ def certs(tmp_path_factory):
 
 
 def test_stats_shows_tls_and_auth_as_each_client_negotiated(certs):
-    with AuthServer({"s3cret": reply(subscribe=".*", identity="etl-team")}) as auth, \
+    answer = dict(reply(subscribe=".*", identity="etl-team"),
+                  identity_url="https://auth.example/etl-team")
+    with AuthServer({"s3cret": answer}) as auth, \
             EmbeddedBroker(tls_cert=certs.server_cert, tls_key=certs.server_key,
                            auth_http_addresses=[auth.address]) as secure:
         raw = Raw(secure.tcp_address)
@@ -102,7 +104,8 @@ def test_stats_shows_tls_and_auth_as_each_client_negotiated(certs):
         k = the_client(secure.http_address, local_address(raw), "s3cret")
         assert k["tls"] is True and re.fullmatch(r"TLS1\.[23]", k["tls_version"])
         assert k["tls_cipher_suite"]
-        assert (k["authed"], k["auth_identity"]) == (True, "etl-team")
+        assert (k["authed"], k["auth_identity"], k["auth_identity_url"]) == (
+            True, "etl-team", "https://auth.example/etl-team")
         with Client(secure.address, tls_ca=certs.ca, auth_secret="s3cret", timeout=10) as c, \
                 c.subscribe("events", "work", rdy=1, client_id="over-grpc"):
             wait_for(lambda: len(clients(secure.http_address, "s3cret")) == 2, 30,

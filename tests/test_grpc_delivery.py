@@ -68,6 +68,40 @@ def test_consumer_holds_no_more_than_its_rdy_until_it_fins(client):
         wait_for(lambda: channel_stats(client, "events", "work").depth == 6)
 
 
+def test_stats_count_each_grpc_subscribers_messages_reqs_and_fins(client):
+    with client.subscribe("events", "work", rdy=1, client_id="counted") as sub:
+        client.publish("events", "again")
+        [(_, first)] = collect([sub], 1, fin=False)
+        sub.req(first.id)
+        collect([sub], 1)
+        wait_for(lambda: channel_stats(client, "events", "work").finish_count == 1)
+        [k] = channel_stats(client, "events", "work").clients
+        assert (k.client_id, k.message_count, k.requeue_count, k.finish_count,
+                k.in_flight_count, k.ready_count) == ("counted", 2, 1, 1, 0, 1)
+
+
+def test_a_grpc_consumer_that_reads_a_burst_over_its_stream_buffer_keeps_its_stream(client):
+    """A burst of a frame's worth of messages (2500) blocks the stream until they are
+    sent; a consumer that reads them is not taken for stuck when its timeout passes."""
+    with client.subscribe("t", "ch", rdy=2500, msg_timeout_ms=1000) as sub:
+        ids = client.multi_publish("t", [b"m"] * 2500)
+        got = set()
+        for _ in ids:
+            msg = sub.get(10)
+            assert msg is not None, f"the stream ended after {len(got)} messages"
+            got.add(msg.id)
+        sub.fin(*got)
+        assert got == set(ids)
+        # Keep reading for twice the message timeout: the stream stays.
+        until = time.monotonic() + 2.0
+        while time.monotonic() < until:
+            [msg_id] = client.multi_publish("t", [b"more"])
+            msg = sub.get(10)
+            assert msg is not None and msg.id == msg_id, "the stream ended"
+            sub.fin(msg.id)
+        assert len(client.stats("t").topics[0].channels[0].clients) == 1
+
+
 def test_timed_out_message_is_redelivered_with_higher_attempts(client):
     with client.subscribe("events", "work", rdy=1, msg_timeout_ms=1000) as sub:
         msg_id = client.publish("events", "late")

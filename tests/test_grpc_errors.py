@@ -146,6 +146,14 @@ def test_second_sub_on_a_stream_is_refused(client, bystander):
     assert dict(err.value.trailing_metadata())[ERROR_CODE_METADATA] == "E_INVALID"
 
 
+def test_an_empty_command_frame_ends_the_stream_naming_it(client, bystander):
+    sub = pb.ClientFrame(sub=pb.Sub(topic="events", channel="work"))
+    with pytest.raises(grpc.RpcError) as err:
+        list(client.stub.Subscribe(iter([sub, pb.ClientFrame()]), timeout=5))
+    assert err.value.code() == INVALID
+    assert "empty command frame" in err.value.details()
+
+
 RAW_BAD_CALLS = [
     ("publish to a bad topic name",
      lambda stub: stub.Publish(pb.PublishRequest(topic="bad\n", body=b"x"), timeout=5),

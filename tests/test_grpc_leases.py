@@ -176,6 +176,12 @@ def test_fetch_of_an_unknown_lease_is_not_found(client):
     assert err.value.status == grpc.StatusCode.NOT_FOUND
 
 
+def test_adopting_into_a_session_that_ended_is_not_found_naming_the_session(client):
+    with pytest.raises(LeaseNotFound, match="lease session 'gone' does not exist") as err:
+        client.adopt_leases("gone", ["0123abcd"])
+    assert err.value.status == grpc.StatusCode.NOT_FOUND
+
+
 def test_a_large_reserve_from_disk_lets_the_broker_answer_pings_while_it_runs(tmp_path):
     """The loop is served between a reserve's steps: a /ping issued while a reserve of
     100k messages waiting on disk runs is answered before it ends. Proof without timing:

@@ -24,7 +24,7 @@ from broker.api import broker_pb2_grpc as pb_grpc
 from broker.options import split_listen_address
 from broker.server.http import HttpApi
 
-from .helpers import Daemon, free_port, rss
+from .helpers import Daemon, free_port, rss, wait_for
 from .securitykit import Raw, make_certs
 
 # What one hostile connection may add to the broker's RSS (its budgets, see
@@ -205,6 +205,22 @@ def test_deeply_nested_identify_json_gets_e_bad_body_and_one_log_line(broker, ca
     raw.send("IDENTIFY", b"[" * 100_000)
     assert raw.error_then_closed().startswith(b"E_BAD_BODY IDENTIFY failed to decode JSON")
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+
+
+def test_a_malformed_http_request_gets_400_and_one_log_line_without_a_traceback(broker,
+                                                                                caplog):
+    caplog.set_level(logging.INFO)
+    host, port = broker.http_address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\nnot a header\r\n\r\n")
+        status_line = sock.recv(4096).split(b"\r\n")[0]
+    assert status_line.startswith(b"HTTP/1.") and b" 400 " in status_line, status_line
+    wait_for(lambda: [r for r in caplog.records
+                      if r.getMessage().startswith("HTTP client ") and "bad request (400)"
+                      in r.getMessage()], 10, message="the bad request's log line")
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+    with Client(broker.address) as client:
+        assert client.ping() == "OK"
 
 
 # -- HTTP timeouts ------------------------------------------------------------------

@@ -146,6 +146,19 @@ def test_fatal_errors_send_nsqds_code_and_close(broker, commands, code):
     assert frames[-1][0] == 1 and frames[-1][1].startswith(code)
 
 
+@pytest.mark.parametrize("commands, error", [
+    (["SUB t ch", "RDY many"], b"E_INVALID RDY could not parse count many"),
+    (["SUB t ch", "REQ 0123456789abcdef soon"], b"E_INVALID REQ could not parse timeout soon"),
+    (["DPUB t later"], b"E_INVALID DPUB could not parse timeout later"),
+])
+def test_a_number_that_does_not_parse_is_refused_naming_the_command_and_the_text(
+        broker, commands, error):
+    raw = Raw(broker.tcp_address)
+    for line in commands:
+        raw.send(line)
+    assert raw.frames_until_closed()[-1] == (1, error)
+
+
 def test_a_client_still_sending_when_refused_reads_the_error_not_a_reset(broker):
     """A body far over the limit is refused on its size, while the client is still
     sending it: the broker reads and drops the rest, so the client's send completes and
@@ -196,6 +209,39 @@ def test_an_mpub_over_max_body_size_is_refused_before_its_body_arrives(broker, c
     raw.sock.sendall(b"MPUB t\n" + struct.pack(">i", 5 * 1024 * 1024 + 1))
     assert raw.frames_until_closed() == [(1, b"E_BAD_BODY MPUB body too big 5242881 > 5242880")]
     assert client.ping() == "OK"
+
+
+def test_publishes_pipelined_in_one_write_are_each_accepted_past_max_body_size_in_all():
+    """--max-body-size bounds one command, not what a client pipelines: PUBs sent in one
+    write, more bytes in all than the limit and the last cut short by the write's end,
+    are each published once the rest of the last one comes."""
+    body = b"x" * 1000
+    pub = b"PUB t\n" + struct.pack(">i", len(body)) + body
+    with EmbeddedBroker(max_body_size=4096, max_msg_size=1024) as broker, \
+            Client(broker.address) as client:
+        raw = Raw(broker.tcp_address)
+        raw.sock.sendall(pub * 30 + pub[:500])
+        assert [raw.frame() for _ in range(30)] == [(0, b"OK")] * 30
+        raw.sock.sendall(pub[500:])
+        assert raw.frame() == (0, b"OK")
+        assert client.stats("t").topics[0].message_count == 31
+
+
+@pytest.mark.parametrize("line, body", [
+    ("PUB t", b"x" * 2000),
+    ("DPUB t 1000", b"x" * 2000),
+    ("MPUB t", mpub_body(b"x" * 600, b"y" * 600)),
+])
+def test_a_publish_the_broker_cannot_hold_gets_nsqds_failed_code_naming_its_command(
+        line, body):
+    command = line.split()[0].encode()
+    with EmbeddedBroker(max_memory_bytes=1000) as broker, Client(broker.address) as client:
+        raw = Raw(broker.tcp_address)
+        raw.send(line, body)
+        kind, error = raw.frame()
+        assert kind == 1 and error.startswith(b"E_%s_FAILED %s failed " % (command, command))
+        assert b"max-memory-bytes" in error
+        assert client.stats("t").topics[0].message_count == 0
 
 
 def test_a_partial_command_line_at_close_gets_no_answer_as_in_nsqd(broker):
@@ -371,6 +417,7 @@ def test_the_kept_differences_from_nsqd_hold(broker, client):
     ("POST", "/mpub?topic=t&binary=true", b"\x00\x00\x00\x01\x00\x00\x00\x00", 413,
      "BAD_MESSAGE"),
     ("POST", "/mpub?topic=t", b"x" * (5 * 1024 * 1024 + 1), 413, "BODY_TOO_BIG"),
+    ("POST", "/mpub?topic=t", b"ok\n" + b"x" * (1024 * 1024 + 1), 413, "MSG_TOO_BIG"),
     ("GET", "/nowhere", None, 404, "NOT_FOUND"),
     ("GET", "/pub?topic=t", None, 405, "METHOD_NOT_ALLOWED"),
     ("POST", "/topic/pause?topic=missing", None, 404, "TOPIC_NOT_FOUND"),
@@ -428,6 +475,27 @@ def test_same_origin_and_non_browser_requests_change_state(broker, client):
         == 200
     assert http(broker, "POST", "/topic/create?topic=c")[0] == 200
     assert [t.name for t in client.stats().topics] == ["a", "b", "c"]
+
+
+def test_a_same_origin_request_from_a_browser_sending_only_origin_changes_state(broker,
+                                                                              client):
+    """Browsers without Sec-Fetch-Site send Origin alone: the broker's own origin, in any
+    case, is same-origin."""
+    port = broker.http_address.rsplit(":", 1)[1]
+    for host, origin in ((broker.http_address, f"http://{broker.http_address}"),
+                         (f"localhost:{port}", f"http://localhost:{port}"),
+                         (f"localhost:{port}", f"http://LocalHost:{port}")):
+        assert http(broker, "POST", "/pub?topic=t", b"x",
+                    headers={"Host": host, "Origin": origin}) == (200, b"OK"), origin
+    assert client.stats("t").topics[0].message_count == 3
+
+
+def test_info_names_the_http_port_and_answers_without_a_tcp_listener(broker):
+    info = json.loads(http(broker, "GET", "/info")[1])
+    assert info["http_port"] == int(broker.http_address.rsplit(":", 1)[1])
+    with EmbeddedBroker(tcp_address="") as http_only:
+        status, body = http(http_only, "GET", "/info")
+        assert (status, json.loads(body)["tcp_port"]) == (200, 0)
 
 
 def test_an_empty_tcp_or_http_address_turns_that_listener_off():
