@@ -192,6 +192,8 @@ def test_an_unreachable_address_is_named_without_a_traceback():
     (("tail", "events", "-n", "-1"), "argument -n: must be 0 to"),
     (("pub",), "the following arguments are required: topic"),
     (("stats", "--topc", "x"), "unrecognized arguments: --topc x (did you mean '--topic'?)"),
+    (("stats", "--adress", "127.0.0.1:4170"),
+     "unrecognized arguments: --adress 127.0.0.1:4170 (did you mean '--address'?)"),
     (("topic", "pause", "t", "--ttl", "1s"), "--ttl only go with create"),
     (("channel", "pause", "t", "c", "--dead-letter-topic", "x"),
      "--dead-letter-topic only go with create"),
