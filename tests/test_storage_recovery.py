@@ -817,3 +817,31 @@ def test_a_producers_replay_is_recognised_after_the_file_of_its_publish_is_recla
     again = broker.multi_publish("events", [b"a", b"b"], producer_id="job:1:0", sequence=3)
     assert again == first
     assert drain(broker, "events", "work") == {}
+
+
+def test_a_topic_whose_old_file_is_not_worth_copying_does_not_hold_up_another_topics(
+        tmp_path):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=2048, mem_queue_size=5)
+    broker.create_channel("backlog", "work")     # an idle backlog: never worth copying
+    backlog = [broker.publish("backlog", b"%04d" % i * 25) for i in range(100)]
+    for _ in range(2):
+        broker.storage.tick()
+        clock.advance(1)
+    broker.storage.tick()                        # looked at, and found not worth it
+    consumer = Recorder(broker)                  # then one old message in another topic
+    ch = broker.subscribe(consumer, "events", "work")
+    old = broker.publish("events", b"old")
+    ch.set_rdy(consumer, 1)
+    ch.requeue(consumer, old, delay=3000)
+    for i in range(300):
+        broker.publish("events", f"new-{i}".encode() * 5)
+        ch.set_rdy(consumer, 1000)
+        consumer.fin_all()
+    head = min(broker.storage.logs["events"].refs)
+    broker.storage.tick()
+    clock.advance(1)
+    broker.storage.tick()                        # the old message is moved out all the same
+    assert min(broker.storage.logs["events"].refs) > head
+    assert broker.topic("backlog").stats().rewritten_bytes == 0
+    assert list(drain(broker, "backlog", "work")) == backlog
