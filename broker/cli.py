@@ -22,7 +22,7 @@ import sys
 import threading
 
 from . import __version__
-from .client import Client, ClientError, check_address
+from .client import Client, ClientError, Subscription, check_address
 from .errors import NotFound
 from .options import DEFAULT_GRPC_ADDRESS, format_duration, parse_duration_ms, suggest
 from .workers import worker_addresses
@@ -176,16 +176,20 @@ def cmd_pub(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_tail(clients: list[Client], args: argparse.Namespace) -> int:
-    """Print and FIN each message; from every worker at once under pynsqd --workers."""
+    """Print and FIN each message; from every worker at once under pynsqd --workers.
+    Every message printed is FINed before this returns (its stream is ended, not cut)."""
     out = sys.stdout.buffer
     channel = args.channel or f"tail{secrets.randbelow(10**6):06d}#ephemeral"
     lock, done, count = threading.Lock(), threading.Event(), [0]
     failures: list[ClientError] = []
+    streams: list[Subscription] = []
 
     def tail_one(client: Client) -> None:
         try:
             with client.subscribe(args.topic, channel,
                                   rdy=max(1, min(args.n or 200, 200))) as sub:
+                with lock:
+                    streams.append(sub)
                 for msg in sub:
                     with lock:
                         if done.is_set():   # not FINed: requeued as the stream closes
@@ -212,6 +216,14 @@ def cmd_tail(clients: list[Client], args: argparse.Namespace) -> int:
         for thread in threads:
             thread.start()
         done.wait()
+        # End each stream after what it was sent (the FINs of what was printed) is
+        # processed: closing the clients at once would cut the last FINs off.
+        with lock:
+            ending = list(streams)
+        for sub in ending:
+            sub.close()
+        for thread in threads:
+            thread.join(timeout=10)
     if failures:
         raise failures[0]
     return 0

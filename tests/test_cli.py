@@ -192,6 +192,8 @@ def test_an_unreachable_address_is_named_without_a_traceback():
     (("tail", "events", "-n", "-1"), "argument -n: must be 0 to"),
     (("pub",), "the following arguments are required: topic"),
     (("stats", "--topc", "x"), "unrecognized arguments: --topc x (did you mean '--topic'?)"),
+    (("stats", "--adress", "127.0.0.1:4170"),
+     "unrecognized arguments: --adress 127.0.0.1:4170 (did you mean '--address'?)"),
     (("topic", "pause", "t", "--ttl", "1s"), "--ttl only go with create"),
     (("channel", "pause", "t", "c", "--dead-letter-topic", "x"),
      "--dead-letter-topic only go with create"),
@@ -272,3 +274,63 @@ def test_stats_show_each_channels_dead_letter_settings_and_the_topics_ttl():
     assert {c["channel_name"]: (c["max_attempts"], c["dead_letter_topic"])
             for c in topic["channels"]} == grpc
     assert {"depth", "in_flight_count", "clients", "paused"} <= set(topic["channels"][0])
+
+
+# -- against pynsqd --workers, in-process: embedded brokers that report each other as
+# workers in their Info (what the supervisor tells each worker), so that a mutation run
+# sees these paths too (test_workers.py runs them against the real supervisor).
+@pytest.fixture
+def workers():
+    from broker import EmbeddedBroker
+
+    with EmbeddedBroker() as first, EmbeddedBroker() as second:
+        told = tuple({"grpc": b.address, "tcp": b.tcp_address, "http": b.http_address}
+                     for b in (first, second))
+        for b in (first, second):
+            b.call(setattr, b.broker, "workers", told)
+        yield first, second
+
+
+def test_tail_against_workers_reads_every_worker_and_fins_each_message(workers):
+    from broker import Client
+
+    sent = {}
+    for i, worker in enumerate(workers):
+        with Client(worker.address) as client:
+            client.create_channel("events", "tail")
+            bodies = [f"w{i}-{n}".encode() for n in range(3)]
+            sent[worker.address] = bodies
+            client.multi_publish("events", bodies)
+    result = pynsq(workers[0].address, "tail", "events", "--channel", "tail", "-n", "6")
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == sorted(
+        b.decode() for bodies in sent.values() for b in bodies)
+    for worker in workers:
+        with Client(worker.address) as client:
+            wait_for(lambda: client.stats("events").topics[0].channels[0].finish_count == 3,
+                     10, message=f"three FINs on {worker.address}")
+
+
+def test_admin_against_workers_acts_on_every_worker_where_the_topic_is(workers):
+    from broker import Client
+
+    first, second = workers
+    with Client(first.address) as one, Client(second.address) as two:
+        assert pynsq(first.address, "channel", "create", "events", "work").returncode == 0
+        assert [t.name for t in one.stats().topics] == ["events"]
+        assert [t.name for t in two.stats().topics] == ["events"]
+        two.create_topic("only-here")       # a topic that one worker has not seen
+        result = pynsq(first.address, "topic", "pause", "only-here")
+        assert result.returncode == 0, result.stderr
+        assert two.stats("only-here").topics[0].paused
+        assert [t.name for t in one.stats().topics] == ["events"]
+        result = pynsq(first.address, "topic", "delete", "only-here")
+        assert result.returncode == 0, result.stderr
+        assert [t.name for t in two.stats().topics] == ["events"]
+        # Missing on every worker: the error, as from a single broker.
+        result = pynsq(first.address, "topic", "pause", "missing")
+        assert result.returncode == 1
+        assert "topic missing does not exist" in result.stderr
+        stats = pynsq(first.address, "stats").stdout.splitlines()
+    assert [line for line in stats if line.startswith("worker-")] == [
+        f"worker-0 {first.address}:", f"worker-1 {second.address}:"]

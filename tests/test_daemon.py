@@ -9,7 +9,7 @@ import pytest
 
 from broker import Client
 
-from .helpers import Daemon, bin_path, wait_for
+from .helpers import Daemon, bin_path, free_port, wait_for
 
 
 @pytest.fixture
@@ -221,3 +221,178 @@ def test_operators_see_clients_topics_channels_and_admin_actions_in_the_info_log
         assert expected in text, expected
     assert "CLIENT(grpc " in text and "CLIENT(V2 " in text
     assert len(lines) < 40, text  # 200 messages published and FINed: no line of their own
+
+
+# -- pynsqd's entry point in this process (broker.daemon:main), so that a mutation run
+# sees which tests reach it; the tests above run the console script.
+def run_pynsqd(*args: str, while_serving=None) -> tuple[int, object]:
+    """``pynsqd ARGS`` in-process: once it is serving (its SIGTERM handler is in place),
+    ``while_serving()`` runs in a thread and SIGTERM follows. The exit code, and what
+    ``while_serving`` returned. The process's signal handlers, garbage-collector
+    thresholds and open-file limit are put back after."""
+    import gc
+    import os
+    import resource
+    import threading
+
+    from broker.daemon import main
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    thresholds, nofile = gc.get_threshold(), resource.getrlimit(resource.RLIMIT_NOFILE)
+    seen: dict = {}
+    finished = threading.Event()
+
+    def serving() -> None:
+        try:
+            wait_for(lambda: finished.is_set()
+                     or signal.getsignal(signal.SIGTERM) is not handlers[signal.SIGTERM],
+                     30, message="pynsqd's SIGTERM handler")
+            if finished.is_set():
+                return
+            seen["result"] = while_serving()
+        except BaseException as err:  # noqa: BLE001 - reported by the test
+            seen["error"] = err
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    helper = threading.Thread(target=serving, daemon=True)
+    if while_serving is not None:
+        helper.start()
+    try:
+        code = main(list(args))
+    finally:
+        finished.set()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        gc.set_threshold(*thresholds)
+        resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
+    if while_serving is not None:
+        helper.join(30)
+    if "error" in seen:
+        raise seen["error"]
+    return code, seen.get("result")
+
+
+def test_pynsqd_in_process_serves_with_nsqds_flags_until_sigterm_and_exits_0(caplog):
+    import logging
+    import resource
+
+    caplog.set_level(logging.INFO, logger="pynsqd")
+    address = f"127.0.0.1:{free_port()}"
+
+    def use() -> tuple:
+        with Client(address) as client:
+            msg_id = client.publish("events", b"hello")
+            return client.info().msg_timeout_ms, client.info().max_rdy_count, msg_id
+
+    code, (msg_timeout_ms, max_rdy_count, msg_id) = run_pynsqd(
+        "-grpc-address", address, "--tcp-address", "127.0.0.1:0", "--http-address",
+        "127.0.0.1:0", "-msg-timeout=1m30s", "-max-rdy-count", "77", "--event-loop", "asyncio",
+        while_serving=use)
+    assert code == 0
+    assert (msg_timeout_ms, max_rdy_count) == (90_000, 77) and msg_id
+    lines = [r.getMessage() for r in caplog.records if r.name == "pynsqd"]
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY:
+        assert f"open-file limit: {hard}" in lines
+    assert "event loop: asyncio" in lines
+    assert "signal received: shutting down" in lines
+
+
+def test_pynsqd_in_process_names_an_address_in_use_and_exits_1(caplog):
+    import logging
+    import socket
+
+    caplog.set_level(logging.INFO, logger="pynsqd")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        address = f"127.0.0.1:{busy.getsockname()[1]}"
+        code, _ = run_pynsqd("--grpc-address", address, "--tcp-address", "127.0.0.1:0",
+                             "--http-address", "127.0.0.1:0")
+    assert code == 1
+    errors = [r.getMessage() for r in caplog.records
+              if r.levelname == "ERROR" and r.name == "pynsqd"]
+    assert errors and errors[-1].startswith(f"cannot listen on {address}"), errors
+
+
+def test_pynsqd_in_process_with_two_workers_runs_the_supervisor_which_names_a_port_in_use(
+        caplog):
+    """--workers 2 starts the supervisor (one broker per worker), whose shared port in use
+    is named with its kind; a single broker would name it without."""
+    import logging
+    import socket
+
+    caplog.set_level(logging.INFO, logger="pynsqd")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        address = f"127.0.0.1:{busy.getsockname()[1]}"
+        code, _ = run_pynsqd("--workers", "2", "--grpc-address", f"127.0.0.1:{free_port()}",
+                             "--tcp-address", address, "--http-address",
+                             f"127.0.0.1:{free_port()}")
+    assert code == 1
+    errors = [r.getMessage() for r in caplog.records
+              if r.levelname == "ERROR" and r.name == "pynsqd"]
+    assert any(f"cannot listen on {address} (tcp)" in e for e in errors), errors
+
+
+def test_the_open_file_limit_is_raised_to_the_hard_limit():
+    import resource
+
+    from broker.daemon import raise_open_file_limit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 256), hard))
+    try:
+        expected = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        assert raise_open_file_limit() == expected
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (expected, hard)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_with_no_hard_open_file_limit_a_million_is_asked_for(monkeypatch):
+    """A stand-in for the kernel's limits: this machine's hard limit may not be infinite."""
+    import resource
+
+    from broker.daemon import raise_open_file_limit
+
+    asked = []
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, resource.RLIM_INFINITY))
+    monkeypatch.setattr(resource, "setrlimit", lambda which, limits: asked.append(limits))
+    assert raise_open_file_limit() == 1 << 20
+    assert asked == [(1 << 20, resource.RLIM_INFINITY)]
+
+
+def test_an_open_file_limit_that_cannot_be_raised_is_logged_and_the_start_goes_on(
+        monkeypatch, caplog):
+    """A stand-in for a kernel that refuses (a container's limit)."""
+    import errno
+    import logging
+    import os
+    import resource
+
+    from broker.daemon import raise_open_file_limit
+
+    def refuse(which, limits):
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 4096))
+    monkeypatch.setattr(resource, "setrlimit", refuse)
+    caplog.set_level(logging.WARNING, logger="pynsqd")
+    assert raise_open_file_limit() == 1024
+    assert [r.getMessage() for r in caplog.records] == [
+        "cannot raise the open-file limit from 1024 to 4096: [Errno 1] Operation not permitted"]
+
+
+def test_full_garbage_collections_are_made_rarer_and_the_young_ones_keep_their_defaults():
+    import gc
+
+    from broker.daemon import tune_garbage_collector
+
+    saved = gc.get_threshold()
+    try:
+        tune_garbage_collector()
+        assert gc.get_threshold() == (saved[0], saved[1], 1000)
+    finally:
+        gc.set_threshold(*saved)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import errno
+import logging
+
 import pytest
 
 from broker.clock import ManualClock
+from broker.storage import fileops
 
 from .corekit import Recorder
+from .faultfs import FaultyFiles
 from .test_storage_recovery import RESTARTS, clean, drain, start
 
 
@@ -151,3 +156,48 @@ def test_a_message_moved_out_of_an_old_file_keeps_its_expiry(tmp_path, stop):
     broker.tick()
     assert drain(broker, "events", "work") == {}
     assert broker.stats("events", "work")[0].channels[0].expired_count == 1
+
+
+@pytest.mark.parametrize("stop", RESTARTS)
+@pytest.mark.parametrize("dead_topic", ["made", "new"])
+def test_a_dead_letter_the_disk_refuses_is_kept_logged_and_moved_once_the_disk_takes_it(
+        tmp_path, monkeypatch, caplog, dead_topic, stop):
+    files = FaultyFiles()
+    monkeypatch.setattr(fileops, "current", files)
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    broker.create_channel("events", "work", max_attempts=1)
+    if dead_topic == "made":
+        broker.create_channel("events.dead", "audit")
+    msg_id = broker.publish("events", b"poison")
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    ch.set_rdy(consumer, 1)
+    broker.storage.flush()
+    files.fail("write", errno.ENOSPC)   # the disk is full: the dead letter's PUB fails
+    caplog.set_level(logging.ERROR, logger="pynsqd")
+    ch.requeue(consumer, msg_id)
+    clock.advance(1)                    # the retry a second later fails too
+    broker.tick()
+    refusals = [r.getMessage() for r in caplog.records if "dead-lettered" in r.getMessage()]
+    why = {"made": "PUB to events.dead failed: the data path could not take it (No space "
+                   "left on device); nothing was accepted",
+           "new": "topic events.dead could not be created: the data path could not take it "
+                  "(No space left on device); nothing was changed"}[dead_topic]
+    assert refusals == [f"events/work: message {msg_id} could not be dead-lettered to "
+                        f"events.dead: {why} (kept; retried)"] * 2
+    # Kept in its channel, waiting for the next try: neither delivered nor dead-lettered.
+    stats = ch.stats()
+    assert (stats.dead_letter_count, stats.deferred_count, stats.depth) == (0, 1, 0)
+    assert [m.id for m in consumer.received] == [msg_id]
+    assert "events.dead" in broker.topics or dead_topic == "new"
+    files.heal()
+    clock.advance(1)
+    broker.tick()
+    stats = ch.stats()
+    assert (stats.dead_letter_count, stats.deferred_count, stats.depth) == (1, 0, 0)
+    stop(broker)
+    broker = start(tmp_path, clock)
+    broker.create_channel("events.dead", "audit")
+    assert drain(broker, "events", "work") == {}
+    assert drain(broker, "events.dead", "audit") == {msg_id: b"poison"}

@@ -712,3 +712,136 @@ def test_a_log_written_as_one_pub_record_per_message_restarts_with_every_message
     assert list(got) == ids[5:] + new
     assert list(got.values()) == [f"old{i}".encode() for i in range(5, 30)] + [
         f"new{i}".encode() for i in range(30)]
+
+
+def test_max_disk_bytes_counts_every_byte_a_publish_writes_its_expiry_included(tmp_path):
+    """What one message with a ttl writes is measured on a broker with no limit; with
+    room for one byte less it is refused (a message without a ttl, smaller, still fits)."""
+    from broker.errors import StorageFailed
+
+    clock = ManualClock()
+
+    def fresh(name: str, **options) -> tuple[Broker, int]:
+        broker = start(tmp_path / name, clock, **options)
+        broker.create_channel("events", "work")
+        return broker, broker.topic("events").stats().disk_bytes
+
+    probe, base = fresh("probe")
+    probe.publish("events", b"m" * 100, ttl_ms=60_000)
+    size = probe.topic("events").stats().disk_bytes - base
+    clean(probe)
+    short, _ = fresh("short", max_disk_bytes=base + size - 1)
+    with pytest.raises(StorageFailed, match="max-disk-bytes"):
+        short.publish("events", b"m" * 100, ttl_ms=60_000)
+    kept = short.publish("events", b"m" * 100)
+    assert short.topic("events").stats().disk_bytes <= base + size - 1
+    clean(short)
+    exact, _ = fresh("exact", max_disk_bytes=base + size)
+    exact.publish("events", b"m" * 100, ttl_ms=60_000)
+    assert exact.topic("events").stats().disk_bytes == base + size
+    clean(exact)
+    short = start(tmp_path / "short", clock)
+    assert list(drain(short, "events", "work")) == [kept]
+
+
+def test_a_topic_the_disk_cannot_take_is_refused_naming_it_and_leaves_nothing(
+        tmp_path, monkeypatch, caplog):
+    import errno
+    import logging
+
+    from broker.errors import AdminFailed
+
+    files = FaultyFiles()
+    monkeypatch.setattr(fileops, "current", files)
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    files.fail("write", errno.ENOSPC)
+    caplog.set_level(logging.ERROR, logger="pynsqd")
+    with pytest.raises(AdminFailed, match=r"^topic events could not be created: the data "
+                       r"path could not take it \(No space left on device\); nothing was "
+                       r"changed$"):
+        broker.create_topic("events")
+    directory = tmp_path / "topics" / "t-events"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{directory}: topic events could not be created: [Errno 28] No space left on device"]
+    assert "events" not in broker.topics and not directory.exists()
+    files.heal()
+    broker.create_channel("events", "work")
+    msg_id = broker.publish("events", b"after")
+    crash(broker)
+    broker = start(tmp_path, clock)
+    assert drain(broker, "events", "work") == {msg_id: b"after"}
+
+
+def test_a_clean_shutdown_whose_fsync_fails_logs_each_topic_and_lets_go_of_the_data_path(
+        tmp_path, monkeypatch, caplog):
+    import errno
+    import logging
+
+    files = FaultyFiles()
+    monkeypatch.setattr(fileops, "current", files)
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    for name in ("events", "audit"):
+        broker.create_channel(name, "work")
+    ids = {name: broker.publish(name, name.encode()) for name in ("events", "audit")}
+    files.fail("fsync", errno.EIO)
+    caplog.set_level(logging.ERROR, logger="pynsqd")
+    clean(broker)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == ("fsync of the data path failed: [Errno 5] Input/output error; "
+                        "publishes are refused until a sync succeeds")
+    assert sorted(lines[1:]) == [f"{tmp_path / 'topics' / f't-{name}'}: [Errno 5] "
+                                 f"Input/output error" for name in sorted(ids)]
+    files.heal()
+    broker = start(tmp_path, clock)   # the LOCK was let go; what was written is there
+    for name, msg_id in ids.items():
+        assert drain(broker, name, "work") == {msg_id: name.encode()}
+
+
+@pytest.mark.parametrize("stop", RESTARTS)
+def test_a_producers_replay_is_recognised_after_the_file_of_its_publish_is_reclaimed(
+        tmp_path, stop):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=2048)
+    broker.create_channel("events", "work")
+    first = broker.multi_publish("events", [b"a", b"b"], producer_id="job:1:0", sequence=3)
+    for i in range(100):   # rolls many files; each is finished, so the old ones go
+        broker.publish("events", b"x" * 100)
+        drain(broker, "events", "work")
+        broker.storage.tick()
+    broker.storage.wait_synced()
+    assert min(broker.storage.logs["events"].segment_numbers()) > 1
+    stop(broker)
+    broker = start(tmp_path, clock, max_bytes_per_file=2048)
+    again = broker.multi_publish("events", [b"a", b"b"], producer_id="job:1:0", sequence=3)
+    assert again == first
+    assert drain(broker, "events", "work") == {}
+
+
+def test_a_topic_whose_old_file_is_not_worth_copying_does_not_hold_up_another_topics(
+        tmp_path):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=2048, mem_queue_size=5)
+    broker.create_channel("backlog", "work")     # an idle backlog: never worth copying
+    backlog = [broker.publish("backlog", b"%04d" % i * 25) for i in range(100)]
+    for _ in range(2):
+        broker.storage.tick()
+        clock.advance(1)
+    broker.storage.tick()                        # looked at, and found not worth it
+    consumer = Recorder(broker)                  # then one old message in another topic
+    ch = broker.subscribe(consumer, "events", "work")
+    old = broker.publish("events", b"old")
+    ch.set_rdy(consumer, 1)
+    ch.requeue(consumer, old, delay=3000)
+    for i in range(300):
+        broker.publish("events", f"new-{i}".encode() * 5)
+        ch.set_rdy(consumer, 1000)
+        consumer.fin_all()
+    head = min(broker.storage.logs["events"].refs)
+    broker.storage.tick()
+    clock.advance(1)
+    broker.storage.tick()                        # the old message is moved out all the same
+    assert min(broker.storage.logs["events"].refs) > head
+    assert broker.topic("backlog").stats().rewritten_bytes == 0
+    assert list(drain(broker, "backlog", "work")) == backlog
