@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 import urllib.request
 
 import pytest
@@ -74,6 +75,7 @@ def test_a_clean_shutdown_keeps_in_flight_and_deferred_messages_and_their_delays
     with Client(d.address) as client:
         client.admin("channel", "create", "events", "work")
         ids = client.multi_publish("events", [b"a", b"b", b"c"])
+        deferred_at = time.monotonic()   # no later than either delay starts
         late = client.publish("events", b"later", defer_ms=DELAY_MS)
         with client.subscribe("events", "work", rdy=3) as sub:
             held = [sub.get(10) for _ in range(3)]
@@ -83,8 +85,12 @@ def test_a_clean_shutdown_keeps_in_flight_and_deferred_messages_and_their_delays
             assert d.stop(signal.SIGTERM) == 0
     restarted = daemons(port=d.port)
     with Client(restarted.address) as client:
-        # the REQ'd and the DPUB'd message come back deferred, not ready
-        assert client.stats("events").topics[0].channels[0].deferred_count == 2
+        asked_at = time.monotonic()
+        deferred = client.stats("events").topics[0].channels[0].deferred_count
+    # the REQ'd and the DPUB'd message come back deferred, not ready (on a host so busy
+    # that the stop and start outlasted their delay, they are rightly ready by now)
+    if asked_at - deferred_at < DELAY_MS / 1000:
+        assert deferred == 2
     with Client(restarted.address) as client, client.subscribe("events", "work", rdy=4) as sub:
         back = {m.id: m.attempts for m in (sub.get(timeout=30) for _ in range(4))}
     # every message is kept with its delivery count: in flight at shutdown (delivered once),
