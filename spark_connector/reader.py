@@ -128,7 +128,9 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         keeper = self.keeper
         batch = int(start.get("batch", 0))
-        keeper.finish_through(batch, start.get("leases", {}))
+        # Spark has committed ``start``: FIN it in the background, not in the way of the
+        # reserve below; ``partitions`` waits for the answer before the next batch reads.
+        keeper.finish_through(batch, start.get("leases", {}), wait=False)
         planned = keeper.planned(batch + 1)
         if planned is not None:
             return planned
@@ -151,6 +153,11 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> list[LeaseSlice]:
         if start == end:
             return []
+        # Spark runs a batch once the one before is in its commit log, so ``start`` is
+        # committed: its FIN (sent by ``latestOffset``) is answered before this batch reads,
+        # so it is never FINed later than this batch commits. A replay FINs it here too: the
+        # driver that planned this batch may have died before that FIN got through.
+        self.keeper.finish_through(int(start.get("batch", 0)), start.get("leases", {}))
         # A batch this reader did not plan is a replay from the checkpoint.
         gone = self.keeper.adopt(int(end.get("batch", 0)), end.get("leases", {}))
         o = self.options
@@ -163,12 +170,14 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 for p in range(n)]
 
     def commit(self, end: dict) -> None:
-        self.keeper.finish_through(int(end.get("batch", 0)), end.get("leases", {}))
+        self.keeper.finish_through(int(end.get("batch", 0)), end.get("leases", {}), wait=False)
 
     def stop(self) -> None:
         if self._keeper is not None:
-            # Batches not known committed go back now; if one was committed after all,
-            # the next start FINs it (the broker remembers requeued leases).
+            # FINs sent in the background are let through first. Batches not known
+            # committed go back now; if one was committed after all, the next start FINs
+            # it (the broker remembers requeued leases).
+            self._keeper.settle(quiet=True)
             self._keeper.requeue_open()
             self._keeper.close()
             self._keeper = None

@@ -319,3 +319,57 @@ def test_a_kept_connection_reads_from_a_broker_restarted_on_its_address(tmp_path
             assert fetch._clients[(address, ())] is kept
         finally:
             keeper.close()
+
+
+def read_batch(source, start: dict, end: dict) -> list[str]:
+    """What Spark does with a planned batch: ``partitions``, then each task's ``read``."""
+    return [i for part in source.partitions(start, end) for batch in source.read(part)
+            for i in batch.column(0).to_pylist()]
+
+
+def test_a_replay_fins_the_batch_before_it_when_the_driver_died_before_that_fin_got_through(
+        broker, client):
+    """A committed batch's FIN is sent in the background while the next batch is planned.
+    A driver that dies before it gets through leaves the next batch in the offset log: the
+    replay FINs the committed batch first, so its messages are not read again."""
+    from collections import Counter
+
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from spark_connector.reader import PynsqStreamReader
+
+    options = {"address": broker.address, "topic": "events", "channel": "spark",
+               "msgTimeoutMs": "1000", "timeoutMs": "5000", "numPartitions": "1"}
+    published = publish(client, "events", 30)
+    first = PynsqStreamReader(options)
+    start = first.initialOffset()
+    end1 = first.latestOffset(start, ReadMaxRows(100))
+    read = read_batch(first, start, end1)              # batch 1 is in the commit log
+    published |= publish(client, "events", 20)
+    # Batch 2 is planned (in the offset log) before batch 1's FIN got through; the driver dies.
+    end2 = {"batch": 2, "leases": first.keeper.reserve(2, 100, 1 << 20)}
+    first.keeper.close()
+    second = PynsqStreamReader(options)                # the restart replays batch 2
+    offset = end1
+    try:
+        read += read_batch(second, end1, end2)
+        offset = end2
+
+        def drained() -> bool:  # the dead driver's session ends after its grace (1 s)
+            nonlocal offset, read
+            end = second.latestOffset(offset, ReadMaxRows(100))
+            if end != offset:
+                read += read_batch(second, offset, end)
+                offset = end
+                return False
+            stats = channel_stats(client, "events")
+            return stats.depth == 0 and stats.in_flight_count == 0
+
+        wait_for(drained, 30, interval=0.1, message="the channel to be drained")
+    finally:
+        second.stop()
+    duplicates = {i: n for i, n in Counter(read).items() if n > 1}
+    assert not duplicates and set(read) == published, (
+        f"published {len(published)}, read {len(set(read))} distinct, "
+        f"{len(duplicates)} read twice")
+    assert channel_stats(client, "events").finish_count == len(published)
