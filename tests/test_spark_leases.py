@@ -205,6 +205,53 @@ def test_reserve_spreads_the_read_limit_over_the_brokers(broker, client):
             keeper.close()
 
 
+def test_a_broker_short_of_its_share_leaves_the_rest_of_the_batch_to_the_others(broker, client):
+    from broker import EmbeddedBroker
+
+    with EmbeddedBroker() as other, Client(other.address) as other_client:
+        publish(client, "events", 10)
+        publish(other_client, "events", 100)
+        keeper = LeaseKeeper(keeper_options(broker.address, other.address))
+        try:
+            keeper.ensure_channel()
+            read: dict[str, int] = {}
+            for lease in keeper.reserve(1, 60, 1 << 30).values():
+                read[lease["address"]] = read.get(lease["address"], 0) + lease["count"]
+            assert read == {broker.address: 10, other.address: 50}
+        finally:
+            keeper.close()
+
+
+def test_while_messages_keep_arriving_a_batch_holds_one_lease_per_broker(broker, client):
+    """A broker that gave less than its share had nothing more ready: it is not asked again
+    in the same trigger, so what arrives meanwhile is the next batch's, not a second lease
+    (each lease is read by its own tasks: a second one doubles the batch's tasks)."""
+    keeper = LeaseKeeper(keeper_options(broker.address))
+    stop = threading.Event()
+
+    def keep_publishing() -> None:
+        with Client(broker.address) as c:
+            while not stop.is_set():
+                c.multi_publish("events", [b"x"] * 5)
+
+    publisher = threading.Thread(target=keep_publishing, daemon=True)
+    try:
+        keeper.ensure_channel()
+        publisher.start()
+        wait_for(lambda: channel_stats(client, "events").depth > 0, 10,
+                 message="messages to arrive")
+        counts = []
+        for batch in range(1, 31):
+            leases = keeper.reserve(batch, 1_000_000, 1 << 30)
+            counts.append(len(leases))
+            keeper.finish_through(batch, {})
+        assert max(counts) == 1 and sum(counts) >= 25, counts
+    finally:
+        stop.set()
+        publisher.join(10)
+        keeper.close()
+
+
 def test_reader_option_defaults_bound_every_batch():
     o = ReaderOptions.parse({"address": "127.0.0.1:4170", "topic": "events", "channel": "spark"})
     assert (o.max_messages_per_trigger, o.max_bytes_per_trigger) == (1_000_000, 128 << 20)
