@@ -128,9 +128,11 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         keeper = self.keeper
         batch = int(start.get("batch", 0))
-        # Spark has committed ``start``: FIN it in the background, not in the way of the
-        # reserve below; ``partitions`` waits for the answer before the next batch reads.
-        keeper.finish_through(batch, start.get("leases", {}), wait=False)
+        # Spark has committed ``start``: FIN it, and only then reserve. Not both at once: a
+        # lease of ``start`` that was requeued since (it timed out, its broker restarted)
+        # has its messages waiting in the channel, and the FIN must take them back before
+        # a reserve can lease them to the next batch (they would be read twice).
+        keeper.finish_through(batch, start.get("leases", {}))
         planned = keeper.planned(batch + 1)
         if planned is not None:
             return planned
@@ -154,9 +156,9 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if start == end:
             return []
         # Spark runs a batch once the one before is in its commit log, so ``start`` is
-        # committed: its FIN (sent by ``latestOffset``) is answered before this batch reads,
-        # so it is never FINed later than this batch commits. A replay FINs it here too: the
-        # driver that planned this batch may have died before that FIN got through.
+        # committed. ``latestOffset`` FINed it, unless its broker did not answer then: the
+        # FIN is sent again here, and a replay sends it (the driver that planned this batch
+        # may have died before it got through), so the batch's lease is not requeued later.
         self.keeper.finish_through(int(start.get("batch", 0)), start.get("leases", {}))
         # A batch this reader did not plan is a replay from the checkpoint.
         gone = self.keeper.adopt(int(end.get("batch", 0)), end.get("leases", {}))
@@ -170,14 +172,12 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 for p in range(n)]
 
     def commit(self, end: dict) -> None:
-        self.keeper.finish_through(int(end.get("batch", 0)), end.get("leases", {}), wait=False)
+        self.keeper.finish_through(int(end.get("batch", 0)), end.get("leases", {}))
 
     def stop(self) -> None:
         if self._keeper is not None:
-            # FINs sent in the background are let through first. Batches not known
-            # committed go back now; if one was committed after all, the next start FINs
-            # it (the broker remembers requeued leases).
-            self._keeper.settle(quiet=True)
+            # Batches not known committed go back now; if one was committed after all,
+            # the next start FINs it (the broker remembers requeued leases).
             self._keeper.requeue_open()
             self._keeper.close()
             self._keeper = None

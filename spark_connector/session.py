@@ -21,7 +21,6 @@ with the others and tries it again, without waiting, on each trigger.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import OrderedDict
@@ -213,46 +212,6 @@ def expand_workers(options: ReaderOptions) -> list[str]:
     return list(found)
 
 
-class _Finisher:
-    """Runs the FINs sent in the background, one at a time, in the order they were sent."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._idle = threading.Condition()
-        self._pending = 0
-        self._errors: list[BaseException] = []
-        self._thread: threading.Thread | None = None
-
-    def submit(self, job: Callable[[], None]) -> None:
-        with self._idle:
-            self._pending += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name="pynsq-lease-fin")
-                self._thread.start()
-        self._jobs.put(job)
-
-    def _run(self) -> None:
-        while True:
-            job = self._jobs.get()
-            try:
-                job()
-            except BaseException as err:  # noqa: BLE001 - handed to whoever settles
-                with self._idle:
-                    self._errors.append(err)
-            finally:
-                with self._idle:
-                    self._pending -= 1
-                    self._idle.notify_all()
-
-    def settle(self) -> list[BaseException]:
-        """Wait until every job submitted so far has run; returns their errors."""
-        with self._idle:
-            self._idle.wait_for(lambda: self._pending == 0)
-            errors, self._errors = self._errors, []
-        return errors
-
-
 class LeaseKeeper:
     def __init__(self, options: ReaderOptions) -> None:
         self.options = options
@@ -263,8 +222,6 @@ class LeaseKeeper:
         # Leases this keeper FINed (the last few): Spark's ``commit(end)`` and the next
         # ``latestOffset(start=end)`` name the same batch; its FIN is sent once.
         self._finished: OrderedDict[str, None] = OrderedDict()
-        self._finishing: set[str] = set()  # leases whose FIN is sent and not yet answered
-        self._finisher = _Finisher()
         self._lock = threading.RLock()
         self._closed = threading.Event()
         self._turn = 0  # which broker reserve asks first
@@ -506,89 +463,52 @@ class LeaseKeeper:
             if self.target is not None and count:
                 self.target[address] = self.target.get(address, 0) + count
 
-    def finish_through(self, batch: int, offset_leases: dict[str, dict],
-                       wait: bool = True) -> None:
+    def finish_through(self, batch: int, offset_leases: dict[str, dict]) -> None:
         """FIN the leases of every batch up to ``batch``, and those the offset names
-        (held, or requeued since: the broker FINs what of them still waits).
-
-        ``wait=False``: the FIN is sent by the keeper's finisher thread (in order, after
-        those sent before) and this returns at once, so the next batch's reserve need not
-        wait for it; ``settle()`` waits until every FIN sent so far is answered. Under
-        ``availableNow`` it is always waited for: a FIN's answer can put messages back in
-        the target the next reserve reads."""
+        (held, or requeued since: the broker FINs what of them still waits)."""
         with self._lock:
             done = [b for b in self._open if b <= batch]
             groups = [self._open.pop(b) for b in done]
             groups.append({k: lease for k, lease in (offset_leases or {}).items()
-                           if lease["lease"] not in self._finished
-                           and lease["lease"] not in self._finishing})
+                           if lease["lease"] not in self._finished})
             by_address = self._unfinished
             self._unfinished = {}
-            made_by = {**self._unfinished_leases,
-                       **{lease["lease"]: lease for leases in groups
-                          for lease in leases.values()}}
-            self._unfinished_leases = {}
             for leases in groups:
                 for lease in leases.values():
                     by_address.setdefault(lease["address"], set()).add(lease["lease"])
-            for ids in by_address.values():
-                self._finishing.update(ids)
-        if by_address:
-            if wait or self.target is not None:
-                self.settle()  # the FINs sent before go first
-                self._send_finishes(by_address, made_by)
-            else:
-                self._finisher.submit(lambda: self._send_finishes(by_address, made_by))
-        if wait:
-            self.settle()
-
-    def settle(self, quiet: bool = False) -> None:
-        """Wait until every FIN sent in the background is answered (or, if its broker did
-        not answer, kept to be sent again). A FIN that failed otherwise raises its error
-        here, unless ``quiet`` (then it is logged)."""
-        errors = self._finisher.settle()
-        for err in errors[:-1] if not quiet else errors:
-            log.warning("pynsq: a FIN sent in the background failed: %s", err)
-        if errors and not quiet:
-            raise errors[-1]
-
-    def _send_finishes(self, by_address: dict[str, set[str]], made_by: dict[str, dict]) -> None:
-        """Send the FINs of ``by_address`` and note what became of each lease."""
-        finished: dict[str, object] = {}
-        try:
-            # A FIN that does not get through loses nothing: it is kept and sent with the
-            # next commit (its messages may be read again meanwhile): it never fails the query.
-            finished = self._each_broker(
-                by_address, lambda s: s.client.finish_leases(sorted(by_address[s.address])),
-                "FIN", may_fail_query=False)
-            for address, reply in finished.items():
-                # A lease the broker does not know, made by an instance of it since restarted:
-                # a durable broker has its messages back in the channel (read again).
-                if not reply.missing:
-                    continue
-                try:  # a restart ended the session's stream: the new one names the instance
-                    self._sessions[address].reconnect(self.held_on(address))
-                except (BrokerUnavailable, ClientError) as err:
-                    log.warning("pynsq: reconnecting to %s failed: %s", address, err)
-                current = self.broker_id(address)
-                for lease_id in reply.missing:
-                    lease = made_by.get(lease_id)
-                    if lease and lease.get("broker") and lease["broker"] != current \
-                            and self._sessions[address].durable:
-                        self._back_in_channel(address, int(lease.get("count", 0)))
-        finally:
-            with self._lock:
-                for address, ids in by_address.items():
-                    self._finishing.difference_update(ids)
-                    if address in finished:
-                        # FINed, or unknown to the broker (a FIN sent again would not change it).
-                        self._finished.update(dict.fromkeys(sorted(ids)))
-                    elif address in self._sessions:
-                        self._unfinished.setdefault(address, set()).update(ids)
-                        self._unfinished_leases.update((i, made_by[i]) for i in ids
-                                                       if i in made_by)
-                while len(self._finished) > REMEMBERED_FINS:
-                    self._finished.popitem(last=False)
+        # A FIN that does not get through loses nothing: it is kept and sent with the next
+        # commit (its messages may be read again meanwhile), so it never fails the query.
+        made_by = {**self._unfinished_leases,
+                   **{lease["lease"]: lease for leases in groups for lease in leases.values()}}
+        self._unfinished_leases = {}
+        finished = self._each_broker(
+            by_address, lambda s: s.client.finish_leases(sorted(by_address[s.address])), "FIN",
+            may_fail_query=False)
+        for address, reply in finished.items():
+            # A lease the broker does not know, made by an instance of it since restarted:
+            # a durable broker has its messages back in the channel (read again).
+            if not reply.missing:
+                continue
+            try:  # a restart ended the session's stream: the new one names the instance
+                self._sessions[address].reconnect(self.held_on(address))
+            except (BrokerUnavailable, ClientError) as err:
+                log.warning("pynsq: reconnecting to %s failed: %s", address, err)
+            current = self.broker_id(address)
+            for lease_id in reply.missing:
+                lease = made_by.get(lease_id)
+                if lease and lease.get("broker") and lease["broker"] != current \
+                        and self._sessions[address].durable:
+                    self._back_in_channel(address, int(lease.get("count", 0)))
+        with self._lock:
+            for address, ids in by_address.items():
+                if address in finished:
+                    # FINed, or unknown to the broker (a FIN sent again would not change it).
+                    self._finished.update(dict.fromkeys(sorted(ids)))
+                elif address in self._sessions:
+                    self._unfinished.setdefault(address, set()).update(ids)
+                    self._unfinished_leases.update((i, made_by[i]) for i in ids if i in made_by)
+            while len(self._finished) > REMEMBERED_FINS:
+                self._finished.popitem(last=False)
 
     def requeue_open(self) -> None:
         """Give back the leases of batches not known committed (the query stops)."""

@@ -376,9 +376,10 @@ def read_batch(source, start: dict, end: dict) -> list[str]:
 
 def test_a_replay_fins_the_batch_before_it_when_the_driver_died_before_that_fin_got_through(
         broker, client):
-    """A committed batch's FIN is sent in the background while the next batch is planned.
-    A driver that dies before it gets through leaves the next batch in the offset log: the
-    replay FINs the committed batch first, so its messages are not read again."""
+    """A committed batch's FIN that did not get through (its broker did not answer it) is
+    kept to be sent again; a driver that dies before that, with the next batch planned,
+    leaves that batch in the offset log: its replay FINs the committed batch first, so the
+    committed batch's lease is not requeued and read again."""
     from collections import Counter
 
     from pyspark.sql.streaming.datasource import ReadMaxRows
@@ -393,7 +394,7 @@ def test_a_replay_fins_the_batch_before_it_when_the_driver_died_before_that_fin_
     end1 = first.latestOffset(start, ReadMaxRows(100))
     read = read_batch(first, start, end1)              # batch 1 is in the commit log
     published |= publish(client, "events", 20)
-    # Batch 2 is planned (in the offset log) before batch 1's FIN got through; the driver dies.
+    # Batch 2 is planned (in the offset log), batch 1's FIN not through; the driver dies.
     end2 = {"batch": 2, "leases": first.keeper.reserve(2, 100, 1 << 20)}
     first.keeper.close()
     second = PynsqStreamReader(options)                # the restart replays batch 2
@@ -420,3 +421,38 @@ def test_a_replay_fins_the_batch_before_it_when_the_driver_died_before_that_fin_
         f"published {len(published)}, read {len(set(read))} distinct, "
         f"{len(duplicates)} read twice")
     assert channel_stats(client, "events").finish_count == len(published)
+
+
+def test_a_committed_batch_whose_lease_timed_out_is_not_read_again_by_the_next_batch(
+        broker, client):
+    """A hung driver's lease times out and its messages wait in the channel again: the next
+    trigger's FIN takes them back before its reserve can lease them to the next batch."""
+    import time
+    from collections import Counter
+
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from spark_connector.reader import PynsqStreamReader
+
+    def time_out() -> None:
+        broker.broker.topics["events"].channels["spark"].tick(time.monotonic() + 3600)
+
+    source = PynsqStreamReader({"address": broker.address, "topic": "events",
+                                "channel": "spark", "numPartitions": "1"})
+    published: set[str] = set()
+    read: list[str] = []
+    offset = source.initialOffset()
+    try:
+        for _ in range(10):
+            published |= publish(client, "events", 20)
+            end = source.latestOffset(offset, ReadMaxRows(1000))
+            read += read_batch(source, offset, end)    # the batch commits
+            offset = end
+            broker.call(time_out)                      # ... and then its lease times out
+        end = source.latestOffset(offset, ReadMaxRows(1000))
+        if end != offset:
+            read += read_batch(source, offset, end)
+    finally:
+        source.stop()
+    twice = sum(n - 1 for n in Counter(read).values())
+    assert twice == 0 and set(read) == published, f"{twice} message(s) read twice"
