@@ -128,6 +128,10 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         keeper = self.keeper
         batch = int(start.get("batch", 0))
+        # Spark has committed ``start``: FIN it, and only then reserve. Not both at once: a
+        # lease of ``start`` that was requeued since (it timed out, its broker restarted)
+        # has its messages waiting in the channel, and the FIN must take them back before
+        # a reserve can lease them to the next batch (they would be read twice).
         keeper.finish_through(batch, start.get("leases", {}))
         planned = keeper.planned(batch + 1)
         if planned is not None:
@@ -151,6 +155,11 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> list[LeaseSlice]:
         if start == end:
             return []
+        # Spark runs a batch once the one before is in its commit log, so ``start`` is
+        # committed. ``latestOffset`` FINed it, unless its broker did not answer then: the
+        # FIN is sent again here, and a replay sends it (the driver that planned this batch
+        # may have died before it got through), so the batch's lease is not requeued later.
+        self.keeper.finish_through(int(start.get("batch", 0)), start.get("leases", {}))
         # A batch this reader did not plan is a replay from the checkpoint.
         gone = self.keeper.adopt(int(end.get("batch", 0)), end.get("leases", {}))
         o = self.options

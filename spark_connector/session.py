@@ -348,7 +348,10 @@ class LeaseKeeper:
 
     def reserve(self, batch: int, wanted: int, max_bytes: int) -> dict[str, dict]:
         """Lease up to ``wanted`` messages (``max_bytes`` of bodies) for ``batch``, spread
-        over the brokers: each is offered an equal share first, then what is left."""
+        over the brokers: each is offered an equal share first, then what is left goes to
+        those that filled their share. One that gave less had nothing more ready: it is
+        not asked again (the messages published meanwhile are the next batch's), so a
+        batch holds one lease per broker unless another broker fell short."""
         if self._fleet is not None or not self.options.fail_on_data_loss:
             self._connect()
         target = self.target
@@ -362,10 +365,13 @@ class LeaseKeeper:
         left, bytes_left = wanted, max_bytes
         share = -(-wanted // max(1, len(addresses)))
         byte_share = -(-max_bytes // max(1, len(addresses)))
+        short: set[str] = set()  # brokers that gave less than they were asked
         for first_pass in (True, False):
             for address in addresses:
                 if left <= 0 or bytes_left <= 0:
                     break
+                if address in short:
+                    continue
                 budget = min(left, share) if first_pass else left
                 if target is not None:
                     budget = min(budget, target.get(address, 0))
@@ -375,8 +381,11 @@ class LeaseKeeper:
                 got = self._each_broker([address], lambda s: s.reserve(budget, byte_budget),
                                         "reserve")
                 if address not in got:
+                    short.add(address)
                     continue
                 lease_id, count, size, depths[address] = got[address]
+                if count < budget and size < byte_budget:
+                    short.add(address)
                 if not lease_id:
                     continue
                 leases[str(len(leases))] = {"address": address, "lease": lease_id,

@@ -205,6 +205,53 @@ def test_reserve_spreads_the_read_limit_over_the_brokers(broker, client):
             keeper.close()
 
 
+def test_a_broker_short_of_its_share_leaves_the_rest_of_the_batch_to_the_others(broker, client):
+    from broker import EmbeddedBroker
+
+    with EmbeddedBroker() as other, Client(other.address) as other_client:
+        publish(client, "events", 10)
+        publish(other_client, "events", 100)
+        keeper = LeaseKeeper(keeper_options(broker.address, other.address))
+        try:
+            keeper.ensure_channel()
+            read: dict[str, int] = {}
+            for lease in keeper.reserve(1, 60, 1 << 30).values():
+                read[lease["address"]] = read.get(lease["address"], 0) + lease["count"]
+            assert read == {broker.address: 10, other.address: 50}
+        finally:
+            keeper.close()
+
+
+def test_while_messages_keep_arriving_a_batch_holds_one_lease_per_broker(broker, client):
+    """A broker that gave less than its share had nothing more ready: it is not asked again
+    in the same trigger, so what arrives meanwhile is the next batch's, not a second lease
+    (each lease is read by its own tasks: a second one doubles the batch's tasks)."""
+    keeper = LeaseKeeper(keeper_options(broker.address))
+    stop = threading.Event()
+
+    def keep_publishing() -> None:
+        with Client(broker.address) as c:
+            while not stop.is_set():
+                c.multi_publish("events", [b"x"] * 5)
+
+    publisher = threading.Thread(target=keep_publishing, daemon=True)
+    try:
+        keeper.ensure_channel()
+        publisher.start()
+        wait_for(lambda: channel_stats(client, "events").depth > 0, 10,
+                 message="messages to arrive")
+        counts = []
+        for batch in range(1, 31):
+            leases = keeper.reserve(batch, 1_000_000, 1 << 30)
+            counts.append(len(leases))
+            keeper.finish_through(batch, {})
+        assert max(counts) == 1 and sum(counts) >= 25, counts
+    finally:
+        stop.set()
+        publisher.join(10)
+        keeper.close()
+
+
 def test_reader_option_defaults_bound_every_batch():
     o = ReaderOptions.parse({"address": "127.0.0.1:4170", "topic": "events", "channel": "spark"})
     assert (o.max_messages_per_trigger, o.max_bytes_per_trigger) == (1_000_000, 128 << 20)
@@ -319,3 +366,93 @@ def test_a_kept_connection_reads_from_a_broker_restarted_on_its_address(tmp_path
             assert fetch._clients[(address, ())] is kept
         finally:
             keeper.close()
+
+
+def read_batch(source, start: dict, end: dict) -> list[str]:
+    """What Spark does with a planned batch: ``partitions``, then each task's ``read``."""
+    return [i for part in source.partitions(start, end) for batch in source.read(part)
+            for i in batch.column(0).to_pylist()]
+
+
+def test_a_replay_fins_the_batch_before_it_when_the_driver_died_before_that_fin_got_through(
+        broker, client):
+    """A committed batch's FIN that did not get through (its broker did not answer it) is
+    kept to be sent again; a driver that dies before that, with the next batch planned,
+    leaves that batch in the offset log: its replay FINs the committed batch first, so the
+    committed batch's lease is not requeued and read again."""
+    from collections import Counter
+
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from spark_connector.reader import PynsqStreamReader
+
+    options = {"address": broker.address, "topic": "events", "channel": "spark",
+               "msgTimeoutMs": "1000", "timeoutMs": "5000", "numPartitions": "1"}
+    published = publish(client, "events", 30)
+    first = PynsqStreamReader(options)
+    start = first.initialOffset()
+    end1 = first.latestOffset(start, ReadMaxRows(100))
+    read = read_batch(first, start, end1)              # batch 1 is in the commit log
+    published |= publish(client, "events", 20)
+    # Batch 2 is planned (in the offset log), batch 1's FIN not through; the driver dies.
+    end2 = {"batch": 2, "leases": first.keeper.reserve(2, 100, 1 << 20)}
+    first.keeper.close()
+    second = PynsqStreamReader(options)                # the restart replays batch 2
+    offset = end1
+    try:
+        read += read_batch(second, end1, end2)
+        offset = end2
+
+        def drained() -> bool:  # the dead driver's session ends after its grace (1 s)
+            nonlocal offset, read
+            end = second.latestOffset(offset, ReadMaxRows(100))
+            if end != offset:
+                read += read_batch(second, offset, end)
+                offset = end
+                return False
+            stats = channel_stats(client, "events")
+            return stats.depth == 0 and stats.in_flight_count == 0
+
+        wait_for(drained, 30, interval=0.1, message="the channel to be drained")
+    finally:
+        second.stop()
+    duplicates = {i: n for i, n in Counter(read).items() if n > 1}
+    assert not duplicates and set(read) == published, (
+        f"published {len(published)}, read {len(set(read))} distinct, "
+        f"{len(duplicates)} read twice")
+    assert channel_stats(client, "events").finish_count == len(published)
+
+
+def test_a_committed_batch_whose_lease_timed_out_is_not_read_again_by_the_next_batch(
+        broker, client):
+    """A hung driver's lease times out and its messages wait in the channel again: the next
+    trigger's FIN takes them back before its reserve can lease them to the next batch."""
+    import time
+    from collections import Counter
+
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from spark_connector.reader import PynsqStreamReader
+
+    def time_out() -> None:
+        broker.broker.topics["events"].channels["spark"].tick(time.monotonic() + 3600)
+
+    source = PynsqStreamReader({"address": broker.address, "topic": "events",
+                                "channel": "spark", "numPartitions": "1"})
+    published: set[str] = set()
+    read: list[str] = []
+    offset = source.initialOffset()
+    try:
+        for _ in range(10):
+            published |= publish(client, "events", 20)
+            end = source.latestOffset(offset, ReadMaxRows(1000))
+            read += read_batch(source, offset, end)    # the batch commits
+            offset = end
+            broker.call(time_out)                      # ... and then its lease times out
+        end = source.latestOffset(offset, ReadMaxRows(1000))
+        if end != offset:
+            read += read_batch(source, offset, end)
+    finally:
+        source.stop()
+    twice = sum(n - 1 for n in Counter(read).values())
+    assert twice == 0 and set(read) == published, f"{twice} message(s) read twice"
