@@ -17,10 +17,11 @@ from pyspark.sql.streaming.datasource import ReadMaxRows
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from broker import Client, EmbeddedBroker
+from broker.client import BrokerUnavailable
 from broker.security.client import ClientSecurity
 from spark_connector.discovery import DiscoveryError, Fleet, discover, grpc_address
 from spark_connector.fetch import fetch_slice
-from spark_connector.options import OptionError
+from spark_connector.options import OptionError, ReaderOptions
 from spark_connector.reader import LeaseSlice, PynsqStreamReader, _stop_on_sigterm
 from spark_connector.session import BrokerUnreachable, DataLoss, LeaseKeeper
 from spark_connector.writer import (PynsqBatchWriter, PynsqStreamWriter, pub_to_topic,
@@ -290,7 +291,28 @@ def test_a_lookupd_that_does_not_answer_within_the_timeout_fails_naming_it(silen
     assert time.monotonic() - began < 4     # two timeouts of 0.5 s, not of 5 s or none
 
 
-def test_a_lookupd_that_does_not_know_the_topic_leaves_the_others_asked():
+@pytest.fixture
+def failing_lookupd():
+    """An HTTP server that answers every request with HTTP 500."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Failing(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_error(500)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield "127.0.0.1:%d" % server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_lookupd_that_fails_or_does_not_know_the_topic_leaves_the_others_asked(
+        failing_lookupd):
     from .nsqkit import Lookupd
 
     unaware, aware = Lookupd().start(), Lookupd().start()
@@ -301,8 +323,110 @@ def test_a_lookupd_that_does_not_know_the_topic_leaves_the_others_asked():
             client.create_channel("events", "spark")
             wait_for(lambda: discover([aware.http_address], "events") == [broker.address], 30,
                      message="the broker registered with nsqlookupd")
-            assert discover([unaware.http_address, aware.http_address], "events") == [
-                broker.address]
+            assert discover([failing_lookupd, unaware.http_address, aware.http_address],
+                            "events") == [broker.address]
     finally:
         unaware.stop()
         aware.stop()
+
+
+def test_a_broker_joining_the_fleet_is_found_within_the_poll_interval_and_gets_the_channel(
+        caplog):
+    import logging
+
+    from .nsqkit import Lookupd
+
+    caplog.set_level(logging.INFO, "pynsq.spark")
+    lookupd = Lookupd().start()
+    registered = {"lookupd_tcp_address": (lookupd.tcp_address,),
+                  "broadcast_address": "127.0.0.1"}
+    try:
+        with EmbeddedBroker(**registered) as first, EmbeddedBroker(**registered) as second, \
+                Client(first.address, timeout=10) as client, \
+                Client(second.address, timeout=10) as joining:
+            client.create_channel("events", "spark")
+            wait_for(lambda: discover([lookupd.http_address], "events") == [first.address], 30,
+                     message="the first broker registered")
+            keeper = LeaseKeeper(ReaderOptions.parse({
+                "lookupdHttpAddress": lookupd.http_address, "topic": "events",
+                "channel": "spark", "lookupdPollIntervalMs": "100"}))
+            try:
+                joining.publish("events", b"x")
+                wait_for(lambda: discover([lookupd.http_address], "events") == sorted(
+                    [first.address, second.address]), 30, message="the second registered")
+                began = time.monotonic()
+                batch = iter(range(1, 1000))
+                wait_for(lambda: keeper.reserve(next(batch), 10, 1 << 20) is not None and
+                         f"pynsq: broker {second.address} joined the fleet of topic events"
+                         in caplog.messages, 10, interval=0.05, message="the second joined")
+                assert time.monotonic() - began < 3       # 100 ms, not the default 5 s
+                assert channel_stats(joining, "events", "spark") is not None
+            finally:
+                keeper.close()
+    finally:
+        lookupd.stop()
+
+
+def test_a_fin_that_did_not_get_through_is_sent_with_the_next_commit(tmp_path):
+    port = free_port()
+    where = {"data_path": str(tmp_path), "grpc_address": f"127.0.0.1:{port}"}
+    broker = EmbeddedBroker(**where).start()
+    try:
+        with Client(broker.address, timeout=10) as client:
+            client.create_channel("events", "spark")
+            client.multi_publish("events", [b"m"] * 6)
+        keeper = LeaseKeeper(ReaderOptions.parse({
+            "address": broker.address, "topic": "events", "channel": "spark",
+            "timeoutMs": "1000", "reconnectTimeoutMs": "0"}))
+        keeper.reserve(1, 4, 1 << 20)
+    finally:
+        broker.stop()
+    try:
+        keeper.finish_through(1, {})                 # the broker is down: kept for later
+        with EmbeddedBroker(**where) as restarted, \
+                Client(restarted.address, timeout=10) as client:
+            def answers() -> bool:
+                try:
+                    return client.ping() is not None
+                except BrokerUnavailable:             # reconnecting (gRPC's backoff)
+                    return False
+
+            wait_for(answers, 15, interval=0.2, message="the restarted broker answering")
+            keeper.finish_through(2, {})             # the next commit: nothing of its own
+            stats = channel_stats(client, "events", "spark")
+            assert (stats.depth, stats.in_flight_count) == (2, 0)
+    finally:
+        keeper.close()
+
+
+def test_a_listed_broker_that_does_not_answer_info_is_left_out_and_logged(caplog):
+    """nsqlookupd lists a broker whose HTTP port is gone (it stopped since it registered)."""
+    import json
+    import logging
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    gone = free_port()
+
+    class Listing(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"producers": [{"broadcast_address": "127.0.0.1",
+                                              "http_port": gone, "tcp_port": 4150}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    caplog.set_level(logging.WARNING, "pynsq.discovery")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Listing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert discover(["127.0.0.1:%d" % server.server_address[1]], "events", 2) == []
+    finally:
+        server.shutdown()
+        server.server_close()
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "pynsq.discovery"]
+    assert warning.startswith(f"broker 127.0.0.1:{gone} listed by nsqlookupd did not answer "
+                              f"/info: ") and "refused" in warning.lower()
