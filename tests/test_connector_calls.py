@@ -1,0 +1,432 @@
+"""The connector's Spark-facing functions, called in-process as Spark calls them, without a
+Spark session: the stream reader's driver methods as the driver calls them (a replay from
+the checkpoint included), the sinks' and ``pub_to_topic``'s per-partition publish as an
+executor runs it, and nsqlookupd's answers read by the driver. Real brokers on loopback."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+from pyspark import TaskContext
+from pyspark.sql.streaming.datasource import ReadMaxRows
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from broker import Client, EmbeddedBroker
+from broker.client import BrokerUnavailable
+from broker.security.client import ClientSecurity
+from spark_connector.discovery import DiscoveryError, Fleet, discover, grpc_address
+from spark_connector.fetch import fetch_slice
+from spark_connector.options import OptionError, ReaderOptions
+from spark_connector.reader import LeaseSlice, PynsqStreamReader, _stop_on_sigterm
+from spark_connector.session import BrokerUnreachable, DataLoss, LeaseKeeper
+from spark_connector.writer import (PynsqBatchWriter, PynsqStreamWriter, pub_to_topic,
+                                    publish_partition)
+
+from .grpckit import channel_stats
+from .helpers import free_port, wait_for
+
+
+def reader_of(address: str, **options: str) -> PynsqStreamReader:
+    return PynsqStreamReader({"address": address, "topic": "events", "channel": "spark",
+                              "timeoutMs": "5000", **options})
+
+
+def ids_read(parts: list[LeaseSlice]) -> list[str]:
+    return sorted(i for p in parts for b in fetch_slice(p) for i in b.column(0).to_pylist())
+
+
+# -- the source's driver -----------------------------------------------------------------
+
+def test_the_source_worker_exits_once_on_sigterm_so_that_stop_runs():
+    before = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        errors: list[BaseException] = []
+
+        def in_a_thread():
+            try:
+                _stop_on_sigterm()
+            except BaseException as err:  # noqa: BLE001 - the test reports it
+                errors.append(err)
+
+        thread = threading.Thread(target=in_a_thread)
+        thread.start()
+        thread.join()
+        assert errors == [] and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        _stop_on_sigterm()                                   # the worker's main thread
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler)
+        with pytest.raises(SystemExit) as exited:
+            handler(signal.SIGTERM, None)
+        assert exited.value.code == 128 + signal.SIGTERM
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # a second one: ignored
+        _stop_on_sigterm()                                   # not the default: left alone
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_a_replay_fins_the_batch_before_it_and_reads_what_the_failed_run_planned(
+        broker, client):
+    client.create_channel("events", "spark")
+    ids = client.multi_publish("events", [b"m"] * 10)
+    failed = reader_of(broker.address, numPartitions="2", failOnDataLoss="false")
+    first = failed.latestOffset(failed.initialOffset(), ReadMaxRows(4))
+    # The failed driver planned batch 2, and died before batch 1's FIN got through.
+    second = {"batch": 2, "leases": failed.keeper.reserve(2, 4, 1 << 20)}
+    failed._keeper.close()                                   # gone, not stopped
+    failed._keeper = None
+    # An offset written by an earlier version names no broker instance.
+    for lease in second["leases"].values():
+        del lease["broker"]
+    replay = reader_of(broker.address, numPartitions="2", failOnDataLoss="false")
+    try:
+        parts = replay.partitions(first, second)
+        stats = channel_stats(client, "events", "spark")
+        assert (stats.finish_count, stats.in_flight_count) == (4, 4)
+        lease = second["leases"]["0"]
+        security = replay.options.security
+        assert parts == [LeaseSlice(broker.address, lease["lease"], p, 2, "events", "spark",
+                                    5.0, "", False, security) for p in range(2)]
+        assert ids_read(parts) == sorted(ids[4:8])
+    finally:
+        replay.stop()
+
+
+def test_a_replayed_lease_of_a_memory_only_broker_since_restarted_is_data_loss(broker, client):
+    client.create_channel("events", "spark")
+    client.multi_publish("events", [b"m"] * 4)
+    failed = reader_of(broker.address)
+    start = failed.initialOffset()
+    first = failed.latestOffset(start, ReadMaxRows(4))
+    failed.stop()
+    first["leases"]["0"]["broker"] = "an-earlier-instance"   # the broker restarted since
+    replay = reader_of(broker.address)
+    try:
+        with pytest.raises(DataLoss, match=r"batch 1 planned to read 4 message\(s\) of lease "
+                                           r".* keeps messages in memory only .* those 4 "
+                                           r"message\(s\) are lost\. Set failOnDataLoss=false "
+                                           r"to go on without them"):
+            replay.partitions(start, first)
+    finally:
+        replay.stop()
+
+
+def test_a_replayed_lease_of_a_durable_broker_since_restarted_is_adopted_there(tmp_path):
+    with EmbeddedBroker(data_path=str(tmp_path)) as broker, \
+            Client(broker.address, timeout=10) as client:
+        client.create_channel("events", "spark")
+        ids = client.multi_publish("events", [b"m"] * 4)
+        failed = reader_of(broker.address, numPartitions="1")
+        start = failed.initialOffset()
+        first = failed.latestOffset(start, ReadMaxRows(4))
+        failed._keeper.close()                               # gone, not stopped
+        failed._keeper = None
+        first["leases"]["0"]["broker"] = "an-earlier-instance"  # it kept its leases
+        replay = reader_of(broker.address, numPartitions="1")
+        try:
+            parts = replay.partitions(start, first)
+            assert [p.lease_id for p in parts] == [first["leases"]["0"]["lease"]]
+            assert ids_read(parts) == sorted(ids)
+        finally:
+            replay.stop()
+
+
+def test_max_attempts_is_set_on_the_channel_the_source_creates(broker, client):
+    reader = reader_of(broker.address, maxAttempts="3")
+    try:
+        reader.initialOffset()
+        assert channel_stats(client, "events", "spark").max_attempts == 3
+    finally:
+        reader.stop()
+
+
+def test_a_broker_not_answering_at_the_start_is_named_as_option_address():
+    dead = f"127.0.0.1:{free_port()}"
+    with pytest.raises(BrokerUnreachable, match=rf"cannot reach the broker at {dead} "
+                                                rf"\(option address\): "):
+        reader_of(dead, timeoutMs="1000").initialOffset()
+
+
+def test_a_broker_that_stops_answering_is_waited_for_reconnect_timeout_then_named():
+    broker = EmbeddedBroker().start()
+    try:
+        with Client(broker.address, timeout=10) as client:
+            client.create_channel("events", "spark")
+            client.multi_publish("events", [b"m"] * 4)
+        reader = reader_of(broker.address, reconnectTimeoutMs="500", timeoutMs="1000")
+        start = reader.initialOffset()
+    finally:
+        broker.stop()
+    try:
+        with pytest.raises(BrokerUnreachable, match=r"silent for longer than "
+                                                    r"reconnectTimeoutMs \(500 ms\)"):
+            reader.latestOffset(start, ReadMaxRows(4))
+    finally:
+        reader.stop()
+
+
+def test_stopping_does_not_wait_for_a_broker_that_stopped_answering():
+    broker = EmbeddedBroker().start()
+    try:
+        with Client(broker.address, timeout=10) as client:
+            client.create_channel("events", "spark")
+            client.multi_publish("events", [b"m"] * 4)
+        reader = reader_of(broker.address, reconnectTimeoutMs="30000", timeoutMs="1000")
+        reader.latestOffset(reader.initialOffset(), ReadMaxRows(4))
+    finally:
+        broker.stop()
+    began = time.monotonic()
+    reader.stop()
+    assert time.monotonic() - began < 10     # not the 30 s a running query would wait
+
+
+# -- the sinks and pub_to_topic, as an executor runs them ------------------------------------
+
+def rows(*columns: tuple[str, list, pa.DataType]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([pa.array(values, kind) for _, values, kind in columns],
+                                      names=[name for name, _, _ in columns])
+
+
+@pytest.fixture
+def topics(client):
+    for topic in ("lines", "other"):
+        client.create_channel(topic, "all")
+    return client
+
+
+def test_a_partition_publishes_string_bodies_routed_by_the_topic_column(broker, topics):
+    batch = rows(("body", ["a", "b", "c"], pa.string()),
+                 ("topic", ["other", None, "other"], pa.string()),
+                 ("defer_ms", [None, 60_000, None], pa.int64()),
+                 ("ttl_ms", [None, None, 60_000], pa.int64()))
+    assert publish_partition(broker.address, "lines", "q:w:1", 2, "batch 1",
+                             [batch], ClientSecurity()) == 3
+    lines, other = channel_stats(topics, "lines", "all"), channel_stats(topics, "other", "all")
+    assert (lines.deferred_count, other.depth) == (1, 2)
+    with topics.subscribe("other", "all", rdy=10) as sub:
+        assert sorted(sub.get(10).body for _ in range(2)) == [b"a", b"c"]
+
+
+def test_a_topic_column_routes_nothing_when_the_sink_was_given_a_topic(broker, topics):
+    batch = rows(("body", [b"a", b"b"], pa.binary()),
+                 ("topic", ["other", "other"], pa.string()))
+    assert publish_partition(broker.address, "lines", "q:w:1", 500, "batch 1", [batch],
+                             None, topic_column=False) == 2
+    assert (channel_stats(topics, "lines", "all").depth,
+            channel_stats(topics, "other", "all").depth) == (2, 0)
+
+
+BODIES = StructType([StructField("body", StringType()), StructField("ttl_ms", LongType())])
+
+
+def test_a_batch_writes_task_retried_publishes_nothing_twice_and_a_new_write_does(
+        broker, topics):
+    options = {"address": broker.address, "topic": "lines", "batchSize": "2"}
+    batch = rows(("body", ["a", "b", "c"], pa.string()), ("ttl_ms", [0, None, 0], pa.int64()))
+    writer = PynsqBatchWriter(options, BODIES)
+    assert writer.write(iter([batch])).published == 3
+    assert writer.write(iter([batch])).published == 3      # the task, retried
+    assert channel_stats(topics, "lines", "all").depth == 3
+    assert PynsqBatchWriter(options, BODIES).write(iter([batch])).published == 3
+    assert channel_stats(topics, "lines", "all").depth == 6
+
+
+@pytest.fixture
+def task():
+    """The task context Spark's Python worker sets before it runs a sink's ``write``."""
+    context = TaskContext()
+    context._partitionId = 0
+    context._localProperties = {"sql.streaming.queryId": "q1"}
+    TaskContext._setTaskContext(context)
+    yield context
+    TaskContext._setTaskContext(None)
+
+
+def test_a_stream_sinks_batch_replayed_publishes_nothing_twice_and_the_next_batch_does(
+        broker, topics, task):
+    writer = PynsqStreamWriter({"address": broker.address, "topic": "lines"}, BODIES)
+    batch = rows(("body", ["a", "b", "c"], pa.string()), ("ttl_ms", [None] * 3, pa.int64()))
+    task._localProperties["streaming.sql.batchId"] = "5"
+    assert writer.write(iter([batch])).published == 3
+    assert writer.write(iter([batch])).published == 3       # batch 5 replayed
+    assert channel_stats(topics, "lines", "all").depth == 3
+    task._localProperties["streaming.sql.batchId"] = "6"
+    assert writer.write(iter([batch])).published == 3
+    assert channel_stats(topics, "lines", "all").depth == 6
+
+
+def test_pub_to_topic_takes_batches_of_one_and_refuses_fewer():
+    assert callable(pub_to_topic("127.0.0.1:4170", "lines", batch_size=1))
+    with pytest.raises(OptionError, match="batch_size must be at least 1, got 0"):
+        pub_to_topic("127.0.0.1:4170", "lines", batch_size=0)
+
+
+# -- nsqlookupd's answers -----------------------------------------------------------------
+
+def test_a_host_name_in_info_is_kept_as_given():
+    assert grpc_address({"grpc_address": "boX:4170"}, "10.0.0.5") == "boX:4170"
+
+
+@pytest.fixture
+def silent_lookupd():
+    """An address that accepts connections and never answers."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        yield "127.0.0.1:%d" % listener.getsockname()[1]
+
+
+def test_a_lookupd_that_does_not_answer_within_the_timeout_fails_naming_it(silent_lookupd):
+    began = time.monotonic()
+    with pytest.raises(DiscoveryError, match=f"no nsqlookupd answered .*{silent_lookupd}"):
+        discover([silent_lookupd], "events", timeout=0.5)
+    with pytest.raises(DiscoveryError, match=silent_lookupd):
+        Fleet([silent_lookupd], "events", timeout=0.5).brokers()
+    assert time.monotonic() - began < 4     # two timeouts of 0.5 s, not of 5 s or none
+
+
+@pytest.fixture
+def failing_lookupd():
+    """An HTTP server that answers every request with HTTP 500."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Failing(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_error(500)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield "127.0.0.1:%d" % server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_lookupd_that_fails_or_does_not_know_the_topic_leaves_the_others_asked(
+        failing_lookupd):
+    from .nsqkit import Lookupd
+
+    unaware, aware = Lookupd().start(), Lookupd().start()
+    try:
+        with EmbeddedBroker(lookupd_tcp_address=(aware.tcp_address,),
+                            broadcast_address="127.0.0.1") as broker, \
+                Client(broker.address, timeout=10) as client:
+            client.create_channel("events", "spark")
+            wait_for(lambda: discover([aware.http_address], "events") == [broker.address], 30,
+                     message="the broker registered with nsqlookupd")
+            assert discover([failing_lookupd, unaware.http_address, aware.http_address],
+                            "events") == [broker.address]
+    finally:
+        unaware.stop()
+        aware.stop()
+
+
+def test_a_broker_joining_the_fleet_is_found_within_the_poll_interval_and_gets_the_channel(
+        caplog):
+    import logging
+
+    from .nsqkit import Lookupd
+
+    caplog.set_level(logging.INFO, "pynsq.spark")
+    lookupd = Lookupd().start()
+    registered = {"lookupd_tcp_address": (lookupd.tcp_address,),
+                  "broadcast_address": "127.0.0.1"}
+    try:
+        with EmbeddedBroker(**registered) as first, EmbeddedBroker(**registered) as second, \
+                Client(first.address, timeout=10) as client, \
+                Client(second.address, timeout=10) as joining:
+            client.create_channel("events", "spark")
+            wait_for(lambda: discover([lookupd.http_address], "events") == [first.address], 30,
+                     message="the first broker registered")
+            keeper = LeaseKeeper(ReaderOptions.parse({
+                "lookupdHttpAddress": lookupd.http_address, "topic": "events",
+                "channel": "spark", "lookupdPollIntervalMs": "100"}))
+            try:
+                joining.publish("events", b"x")
+                wait_for(lambda: discover([lookupd.http_address], "events") == sorted(
+                    [first.address, second.address]), 30, message="the second registered")
+                began = time.monotonic()
+                batch = iter(range(1, 1000))
+                wait_for(lambda: keeper.reserve(next(batch), 10, 1 << 20) is not None and
+                         f"pynsq: broker {second.address} joined the fleet of topic events"
+                         in caplog.messages, 10, interval=0.05, message="the second joined")
+                assert time.monotonic() - began < 3       # 100 ms, not the default 5 s
+                assert channel_stats(joining, "events", "spark") is not None
+            finally:
+                keeper.close()
+    finally:
+        lookupd.stop()
+
+
+def test_a_fin_that_did_not_get_through_is_sent_with_the_next_commit(tmp_path):
+    port = free_port()
+    where = {"data_path": str(tmp_path), "grpc_address": f"127.0.0.1:{port}"}
+    broker = EmbeddedBroker(**where).start()
+    try:
+        with Client(broker.address, timeout=10) as client:
+            client.create_channel("events", "spark")
+            client.multi_publish("events", [b"m"] * 6)
+        keeper = LeaseKeeper(ReaderOptions.parse({
+            "address": broker.address, "topic": "events", "channel": "spark",
+            "timeoutMs": "1000", "reconnectTimeoutMs": "0"}))
+        keeper.reserve(1, 4, 1 << 20)
+    finally:
+        broker.stop()
+    try:
+        keeper.finish_through(1, {})                 # the broker is down: kept for later
+        with EmbeddedBroker(**where) as restarted, \
+                Client(restarted.address, timeout=10) as client:
+            def answers() -> bool:
+                try:
+                    return client.ping() is not None
+                except BrokerUnavailable:             # reconnecting (gRPC's backoff)
+                    return False
+
+            wait_for(answers, 15, interval=0.2, message="the restarted broker answering")
+            keeper.finish_through(2, {})             # the next commit: nothing of its own
+            stats = channel_stats(client, "events", "spark")
+            assert (stats.depth, stats.in_flight_count) == (2, 0)
+    finally:
+        keeper.close()
+
+
+def test_a_listed_broker_that_does_not_answer_info_is_left_out_and_logged(caplog):
+    """nsqlookupd lists a broker whose HTTP port is gone (it stopped since it registered)."""
+    import json
+    import logging
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    gone = free_port()
+
+    class Listing(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"producers": [{"broadcast_address": "127.0.0.1",
+                                              "http_port": gone, "tcp_port": 4150}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    caplog.set_level(logging.WARNING, "pynsq.discovery")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Listing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert discover(["127.0.0.1:%d" % server.server_address[1]], "events", 2) == []
+    finally:
+        server.shutdown()
+        server.server_close()
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "pynsq.discovery"]
+    assert warning.startswith(f"broker 127.0.0.1:{gone} listed by nsqlookupd did not answer "
+                              f"/info: ") and "refused" in warning.lower()
