@@ -430,3 +430,143 @@ def test_a_listed_broker_that_does_not_answer_info_is_left_out_and_logged(caplog
     [warning] = [r.getMessage() for r in caplog.records if r.name == "pynsq.discovery"]
     assert warning.startswith(f"broker 127.0.0.1:{gone} listed by nsqlookupd did not answer "
                               f"/info: ") and "refused" in warning.lower()
+
+
+# -- what a broker restart under a running query leaves: what is read, what the log says --------
+
+def durable_broker_at(tmp_path) -> dict:
+    """Where a durable broker is started again after a restart (same data path and port)."""
+    return {"data_path": str(tmp_path), "grpc_address": f"127.0.0.1:{free_port()}"}
+
+
+def forget_leases(tmp_path) -> None:
+    """The broker's lease journal lost (a power loss takes its unsynced tail): after the
+    restart it knows none of the leases made before, and their messages wait in the channel."""
+    (tmp_path / "leases.journal").unlink()
+
+
+def spark_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "pynsq.spark" and r.levelno >= 30]
+
+
+def test_an_available_now_run_reads_again_what_a_restarted_broker_forgot_and_then_ends(
+        tmp_path):
+    where = durable_broker_at(tmp_path)
+    broker = EmbeddedBroker(**where).start()
+    reader = None
+    try:
+        with Client(broker.address, timeout=10) as client:
+            client.create_channel("events", "spark")
+            ids = client.multi_publish("events", [b"m"] * 6)
+        reader = reader_of(broker.address, numPartitions="1")
+        start = reader.initialOffset()
+        reader.prepareForTriggerAvailableNow()
+        offset = reader.latestOffset(start, ReadMaxRows(4))
+        read = ids_read(reader.partitions(start, offset))    # batch 1 read, not yet FINed
+    finally:
+        broker.stop()
+    forget_leases(tmp_path)
+    try:
+        with EmbeddedBroker(**where) as restarted, \
+                Client(restarted.address, timeout=10) as client:
+            for _ in range(10):                               # the run's next batches
+                end = reader.latestOffset(offset, ReadMaxRows(4))
+                if end == offset:
+                    break                                     # the run ends
+                read += ids_read(reader.partitions(offset, end))
+                offset = end
+            else:
+                pytest.fail("the availableNow run did not end")
+            reader.commit(offset)
+            assert set(read) == set(ids)                      # batch 1's 4 read again
+            stats = channel_stats(client, "events", "spark")
+            assert (stats.depth, stats.in_flight_count) == (0, 0)
+    finally:
+        reader.stop()
+
+
+def test_a_replayed_lease_a_restarted_durable_broker_forgot_is_logged_as_back_in_the_channel(
+        tmp_path, caplog):
+    import logging
+    caplog.set_level(logging.WARNING, "pynsq.spark")
+    where = durable_broker_at(tmp_path)
+    broker = EmbeddedBroker(**where).start()
+    try:
+        with Client(broker.address, timeout=10) as client:
+            client.create_channel("events", "spark")
+            client.multi_publish("events", [b"m"] * 4)
+        failed = reader_of(broker.address, numPartitions="1")
+        start = failed.initialOffset()
+        first = failed.latestOffset(start, ReadMaxRows(4))
+        failed._keeper.close()                                # gone, not stopped
+        failed._keeper = None
+    finally:
+        broker.stop()
+    forget_leases(tmp_path)
+    lease = first["leases"]["0"]
+    with EmbeddedBroker(**where) as restarted:
+        replay = reader_of(restarted.address, numPartitions="1")
+        try:
+            assert replay.partitions(start, first) == []      # nothing of it to read here
+            address = restarted.address
+            now = replay.keeper.broker_id(address)
+        finally:
+            replay.stop()
+    assert (f"replaying batch 1: lease {lease['lease']} was made by broker instance "
+            f"{lease['broker']}, now {now} answers at {address} (restarted): its 4 "
+            f"message(s) are back in the channel and a later batch reads them"
+            ) in spark_warnings(caplog)
+
+
+def test_a_replay_whose_broker_stopped_answering_logs_the_adopt_that_failed(caplog):
+    import logging
+    caplog.set_level(logging.WARNING, "pynsq.spark")
+    broker = EmbeddedBroker().start()
+    address = broker.address
+    try:
+        with Client(address, timeout=10) as client:
+            client.create_channel("events", "spark")
+            client.multi_publish("events", [b"m"] * 4)
+        failed = reader_of(address)
+        start = failed.initialOffset()
+        first = failed.latestOffset(start, ReadMaxRows(4))
+        failed._keeper.close()                                # gone, not stopped
+        failed._keeper = None
+        replay = reader_of(address, failOnDataLoss="false", reconnectTimeoutMs="0",
+                           timeoutMs="1000")
+        replay.keeper                                         # connected, then it stops
+    finally:
+        broker.stop()
+    try:
+        replay.partitions(start, first)
+    finally:
+        replay.stop()
+    assert any(w.startswith(f"pynsq: adopting leases on {address} failed: ")
+               for w in spark_warnings(caplog)), spark_warnings(caplog)
+
+
+def test_a_memory_only_broker_restart_under_held_leases_is_logged_naming_the_broker(caplog):
+    import logging
+    caplog.set_level(logging.WARNING, "pynsq.spark")
+    where = {"grpc_address": f"127.0.0.1:{free_port()}"}
+    broker = EmbeddedBroker(**where).start()
+    address = broker.address
+    with Client(address, timeout=10) as client:
+        client.create_channel("events", "spark")
+        client.multi_publish("events", [b"m"] * 4)
+    reader = reader_of(address, msgTimeoutMs="1000", timeoutMs="1000")
+    try:
+        reader.latestOffset(reader.initialOffset(), ReadMaxRows(4))   # held, touched
+        broker.stop()
+        touch_failed = f"pynsq: touching leases on {address} failed: "
+        wait_for(lambda: any(w.startswith(touch_failed) for w in spark_warnings(caplog)), 15,
+                 interval=0.1, message="the failed touch logged")
+        with EmbeddedBroker(**where):
+            ended = (f"pynsq: lease session on {address} had ended (the broker "
+                     f"restarted, or its grace period passed); opened a new one")
+            wait_for(lambda: ended in spark_warnings(caplog), 15, interval=0.1,
+                     message="the ended session logged")
+    finally:
+        reader.stop()
+        broker.stop()
