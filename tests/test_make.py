@@ -90,3 +90,15 @@ def test_ci_installs_chromium_only_when_it_is_missing_then_runs_make_test(tmp_pa
     else:
         assert len(installs) == 1 and "chromium chromium-driver" in installs[0]
     assert calls[-1] == "make test"
+
+
+def test_make_test_runs_the_shared_spark_sessions_tests_in_one_process(request, spark):
+    """`make test` runs the suite in TEST_WORKERS processes with xdist's loadgroup; every
+    test on the shared session is in one group, so one process holds the one session."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert "-n $(TEST_WORKERS) --dist loadgroup" in makefile
+    assert request.node.get_closest_marker("xdist_group").args == ("spark",)
+
+
+def test_a_test_without_the_spark_session_is_in_no_group(request):
+    assert request.node.get_closest_marker("xdist_group") is None
