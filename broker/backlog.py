@@ -22,10 +22,12 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from itertools import islice, repeat
+from operator import attrgetter
 from typing import Callable, Iterable, Iterator
 
-from .message import Message
+from .message import Message, Published
 
+_LOC, _ATTEMPTS = attrgetter("loc"), attrgetter("attempts")
 # Messages of a run read from disk at once, ahead of the cursor.
 READ_AHEAD = 1024
 # Messages in memory past the limit that are still kept when put back at the front.
@@ -173,8 +175,39 @@ class Backlog:
         self._len += 1
 
     def extend(self, msgs: Iterable[Message]) -> None:
-        for msg in msgs:
-            self.append(msg)
+        """``append`` each, in bulk: what fits under the limit goes in memory, the rest
+        waits on disk (those not on disk stay in memory)."""
+        msgs = msgs if type(msgs) is list else list(msgs)
+        n = len(msgs)
+        limit = self.limit
+        room = n if limit is None else min(max(limit - self._in_memory, 0), n)
+        if room:
+            self._items.extend(msgs if room == n else msgs[:room])
+            self._in_memory += room
+            self._len += room
+        if room == n:
+            return
+        rest = msgs[room:]
+        locs = array("q", map(_LOC, rest))
+        if 0 in locs:  # some are not on disk: they stay in memory, in their place
+            for msg in rest:
+                self.append(msg)
+            return
+        attempts = array("H", map(_ATTEMPTS, rest))
+        self.extend_on_disk(locs, attempts if any(attempts) else None)
+
+    def extend_published(self, run: Published) -> None:
+        """``extend`` with a publish's messages, making ``Message`` objects only of
+        those kept in memory; the rest are queued by location at once."""
+        n = len(run)
+        limit = self.limit
+        room = n if limit is None or not run.runs else min(max(limit - self._in_memory, 0), n)
+        if room:
+            self._items.extend(run.messages(0, room))
+            self._in_memory += room
+            self._len += room
+        if room < n:
+            self.extend_on_disk(run.locations(room, n))
 
     def extend_on_disk(self, locs: "array | list[int]", attempts: "array | None" = None
                        ) -> None:

@@ -22,7 +22,7 @@ from .consumer import Consumer
 from .deferred import Deferred
 from .errors import NotInFlight
 from .lease import LeaseClaims
-from .message import MAX_ATTEMPTS, Message
+from .message import MAX_ATTEMPTS, Message, Published
 from .names import is_ephemeral
 from .pqueue import DeadlineQueue
 from .stats import ChannelStats, ClientStats, LatencySample
@@ -113,6 +113,12 @@ class Channel:
     def put_many(self, msgs: list[Message]) -> None:
         self.message_count += len(msgs)
         self._ready.extend(msgs)
+        self._pump()
+
+    def put_published(self, run: Published) -> None:
+        """A publish's messages, in bulk (``Backlog.extend_published``)."""
+        self.message_count += len(run)
+        self._ready.extend_published(run)
         self._pump()
 
     def put_on_disk(self, locs: Sequence[int], attempts: Sequence[int] | None = None) -> None:

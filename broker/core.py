@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from itertools import repeat
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from . import deadletter
@@ -22,7 +23,7 @@ from .errors import (InvalidMessage, InvalidRequest, LeaseNotFound, MessageTooBi
                      TopicNotFound, WrongBroker)
 from .lease import (RESERVE_STEP_BYTES, Lease, LeaseJournal, LeaseSession, RememberedLease,
                     Reservation)
-from .message import IdFactory, Message
+from .message import IdFactory, Message, Published
 from .names import check_channel_name, check_topic_name, is_ephemeral
 from .options import Options
 from .stats import TopicStats
@@ -122,24 +123,30 @@ class Broker:
             deadletter.check_ttl_ms(ttl)
         t = self.get_or_create_topic(topic)
         now = self.clock.wall_ns()
-        msgs = [Message(i, body, now) for i, body in zip(self.new_id.many(len(bodies)), bodies)]
+        expires = None
         if ttls or t.ttl_ms:
-            for msg, ttl in zip(msgs, ttls or [0] * len(msgs)):
-                msg.expires = deadletter.expires_at(now, ttl or t.ttl_ms)
-        entry = (self.dedupe.entry(producer_id, sequence, msgs[0].id, len(msgs), digest)
+            expires = [deadletter.expires_at(now, ttl or t.ttl_ms)
+                       for ttl in ttls or repeat(0, len(bodies))]
+        # The messages as columns: storage writes them so, and queues make Message
+        # objects only of those they keep in memory.
+        run = Published(self.new_id.many_raw(len(bodies)), bodies, now, expires)
+        entry = (self.dedupe.entry(producer_id, sequence, run.ids[0], len(run), digest)
                  if producer_id else None)
-        self.storage.published(t, msgs, defers, producer=entry.encode() if entry else None)
+        self.storage.published(t, run, defers, producer=entry.encode() if entry else None)
         if not any(defers):
-            t.publish(msgs, 0.0)
+            t.publish(run)
         else:
-            for msg, d in zip(msgs, defers):
-                t.publish([msg], d / 1000)
+            for msg, d in zip(run.messages(), defers):
+                t.publish_deferred([msg], d / 1000)
         if entry is not None:
             self.dedupe.remember(entry, t.name)
-        return [m.id for m in msgs]
+        return run.ids
 
     def _check_bodies(self, bodies: list[bytes]) -> None:
         limit = self.options.max_msg_size
+        lengths = list(map(len, bodies))
+        if min(lengths) and max(lengths) <= limit:  # (in C: the usual case)
+            return
         for i, body in enumerate(bodies):
             if not body:
                 raise InvalidMessage(f"message {i}: empty body" if len(bodies) > 1 else "empty body")

@@ -21,7 +21,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from .errors import BrokerError, InvalidRequest
-from .message import MAX_ATTEMPTS, Message
+from .message import MAX_ATTEMPTS, Message, Published
 from .names import EPHEMERAL_SUFFIX, check_topic_name
 
 if TYPE_CHECKING:
@@ -168,12 +168,13 @@ def remove(channel: "Channel", msg: Message, reason: str) -> bool:
         copy = Message(msg.id, msg.body, msg.timestamp)
         try:
             topic = broker.get_or_create_topic(target)
-            broker.storage.published(topic, [copy], [])
+            run = Published.of(copy)
+            broker.storage.published(topic, run, [])
         except BrokerError as err:
             log.error("%s/%s: message %s could not be dead-lettered to %s: %s (kept; "
                       "retried)", channel.topic.name, channel.name, msg.id, target, err)
             return False
-        topic.publish([copy])
+        topic.publish(run)
     if reason == EXPIRED:
         channel.expired_count += 1
     if target:

@@ -7,8 +7,11 @@ channel.
 
 from __future__ import annotations
 
+import sys
 import time
-from typing import TYPE_CHECKING, Optional
+from array import array
+from itertools import repeat
+from typing import TYPE_CHECKING, Optional, Sequence
 
 if TYPE_CHECKING:
     from .consumer import Consumer
@@ -22,7 +25,8 @@ class Message:
     __slots__ = ("id", "body", "timestamp", "attempts", "consumer", "deadline", "token",
                  "loc", "expires")
 
-    def __init__(self, id: str, body: bytes, timestamp: int, attempts: int = 0) -> None:
+    def __init__(self, id: str, body: bytes, timestamp: int, attempts: int = 0,
+                 loc: int = 0, expires: int = 0) -> None:
         self.id = id
         self.body = body
         self.timestamp = timestamp          # publish time, ns since the epoch
@@ -30,8 +34,8 @@ class Message:
         self.consumer: Optional["Consumer"] = None  # holder while in flight
         self.deadline = 0.0                 # in-flight or deferred deadline (monotonic s)
         self.token = 0                      # changes whenever a queued deadline is void
-        self.loc = 0                        # where its record is on disk (0: nowhere)
-        self.expires = 0                    # never delivered from then on (wall ns; 0: never)
+        self.loc = loc                      # where its record is on disk (0: nowhere)
+        self.expires = expires              # never delivered from then on (wall ns; 0: never)
 
     def delivered(self) -> None:
         """Count one more delivery."""
@@ -39,10 +43,8 @@ class Message:
             self.attempts += 1
 
     def copy(self) -> "Message":
-        msg = Message(self.id, self.body, self.timestamp, self.attempts)
-        msg.loc = self.loc
-        msg.expires = self.expires
-        return msg
+        return Message(self.id, self.body, self.timestamp, self.attempts, self.loc,
+                       self.expires)
 
     def __repr__(self) -> str:
         return f"Message(id={self.id!r}, attempts={self.attempts}, body={self.body[:32]!r})"
@@ -55,9 +57,27 @@ MAX_NODE_ID = (1 << NODE_ID_BITS) - 1
 _ID_STEP = 1 << NODE_ID_BITS
 
 
+_SWAP = sys.byteorder == "little"
+
+
+def raw_id_run(first: int, count: int) -> bytes:
+    """The ``count`` ids one broker hands out in a row from ``first``, as 8 big-endian
+    bytes each (as the log stores them), made in one C pass."""
+    ids = array("Q", range(first, first + count * _ID_STEP, _ID_STEP))
+    if _SWAP:
+        ids.byteswap()
+    return ids.tobytes()
+
+
+def hex_ids(raw: bytes) -> list[str]:
+    """Ids given as 8 big-endian bytes each, as 16 lower-case hex digits each (in C:
+    a space every 8 bytes, then split)."""
+    return raw.hex(" ", 8).split(" ") if raw else []
+
+
 def id_run(first: int, count: int) -> list[str]:
     """The ``count`` ids one broker hands out in a row from ``first`` (one MPUB's)."""
-    return [f"{n:016x}" for n in range(first, first + count * _ID_STEP, _ID_STEP)]
+    return hex_ids(raw_id_run(first, count))
 
 
 class IdFactory:
@@ -94,9 +114,13 @@ class IdFactory:
 
     def many(self, count: int) -> list[str]:
         """``count`` ids in a row (one MPUB's)."""
+        return hex_ids(self.many_raw(count))
+
+    def many_raw(self, count: int) -> bytes:
+        """``count`` ids in a row, as 8 big-endian bytes each (``hex_ids`` spells them)."""
         start = self._next
-        self._next = end = start + count * _ID_STEP
-        return [f"{n:016x}" for n in range(start, end, _ID_STEP)]  # id_run, without a call
+        self._next = start + count * _ID_STEP
+        return raw_id_run(start, count)
 
     def advance_past(self, msg_id: str) -> None:
         """Never hand out ``msg_id`` or anything below it (used after recovery)."""
@@ -107,3 +131,52 @@ class IdFactory:
 def check_node_id(node_id: int) -> None:
     if not 0 <= node_id <= MAX_NODE_ID:
         raise ValueError(f"node-id must be 0 to {MAX_NODE_ID}, got {node_id}")
+
+
+class Published:
+    """One publish's messages as columns: what storage writes in one go, and what each
+    queue makes ``Message`` objects of, only for those it keeps in memory (those that
+    wait on disk only are queued by location, in bulk)."""
+
+    __slots__ = ("raw_ids", "ids", "bodies", "timestamp", "expires", "size", "runs")
+
+    def __init__(self, raw_ids: bytes, bodies: Sequence[bytes], timestamp: int,
+                 expires: Sequence[int] | None = None, ids: list[str] | None = None) -> None:
+        self.raw_ids = raw_ids              # 8 big-endian bytes each
+        self.ids = ids if ids is not None else hex_ids(raw_ids)
+        self.bodies = bodies
+        self.timestamp = timestamp          # publish time of each, ns since the epoch
+        self.expires = expires              # each one's expiry (wall ns); None: none expire
+        self.size = sum(map(len, bodies))   # body bytes
+        # Where they are on disk, as runs (first location, count) in order; empty: nowhere.
+        self.runs: list[tuple[int, int]] = []
+
+    @classmethod
+    def of(cls, msg: Message) -> "Published":
+        """A message that exists already (a dead letter's copy), as a publish of its own."""
+        return cls(bytes.fromhex(msg.id), [msg.body], msg.timestamp,
+                   [msg.expires] if msg.expires else None, [msg.id])
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def messages(self, start: int = 0, stop: int | None = None) -> list[Message]:
+        """Messages ``start`` to ``stop``, each made anew (a queue's own)."""
+        stop = len(self.ids) if stop is None else stop
+        expires = self.expires
+        return list(map(Message, self.ids[start:stop], self.bodies[start:stop],
+                        repeat(self.timestamp), repeat(0),
+                        self.locations(start, stop) if self.runs else repeat(0),
+                        repeat(0) if expires is None else expires[start:stop]))
+
+    def locations(self, start: int = 0, stop: int | None = None) -> "range | array":
+        """Where messages ``start`` to ``stop`` are on disk (stored: ``runs`` is set)."""
+        stop = len(self.ids) if stop is None else stop
+        runs = self.runs
+        if len(runs) == 1:
+            first = runs[0][0]
+            return range(first + start, first + stop)
+        locs = array("q")
+        for first, count in runs:
+            locs.extend(range(first, first + count))
+        return locs[start:stop]

@@ -16,7 +16,7 @@ from .backlog import Backlog, OnDisk
 from .channel import Channel
 from .deferred import Deferred
 from .errors import ChannelNotFound
-from .message import Message
+from .message import Message, Published
 from .names import check_channel_name, is_ephemeral
 from .stats import LatencySample, TopicStats
 
@@ -54,16 +54,25 @@ class Topic:
     def _load(self, loc: int) -> Message | None:
         return self._store.load(self, loc)
 
-    def publish(self, msgs: list[Message], delay: float = 0.0) -> None:
+    def publish(self, run: Published) -> None:
+        """A publish's messages, ready at once: each queue makes its own ``Message``
+        objects, of those it keeps in memory only."""
+        self.message_count += len(run)
+        self.message_bytes += run.size
+        if self.holds:
+            self._held.extend_published(run)
+            return
+        for channel in list(self.channels.values()):
+            channel.put_published(run)
+
+    def publish_deferred(self, msgs: list[Message], delay: float) -> None:
+        """Messages of a DPUB, ready ``delay`` seconds from now."""
         self.message_count += len(msgs)
         self.message_bytes += sum(len(m.body) for m in msgs)
         if self.holds:
-            if delay > 0:
-                until = self.broker.clock.monotonic() + delay
-                for m in msgs:
-                    self._held_later.push(m, until)
-            else:
-                self._held.extend(msgs)
+            until = self.broker.clock.monotonic() + delay
+            for m in msgs:
+                self._held_later.push(m, until)
             return
         self._copy_to_channels(msgs, delay)
 

@@ -147,14 +147,27 @@ def _column(typecode: str, values: Iterable[int]) -> bytes:
     return column.tobytes()
 
 
-def batch(ids: list[str], timestamps: list[int], bodies: list[bytes],
+Ids = "list[str] | bytes"             # as messages carry them (16 hex digits), or raw
+Stamps = "list[int] | int"           # each one's, or one for all
+
+
+def _raw(ids: "list[str] | bytes") -> bytes:
+    """Ids as the log stores them: 8 big-endian bytes each."""
+    return ids if isinstance(ids, bytes) else bytes.fromhex("".join(ids))
+
+
+def batch(ids: Ids, timestamps: Stamps, bodies: list[bytes],
           deliver_ats: list[int] | None, expires: list[int] | None, held: bool) -> bytes:
     """One BATCH record of several messages (ids given as 16 hex digits, as messages carry
-    them); ``deliver_ats`` and ``expires``: None when every one is 0."""
+    them, or as their 8 raw bytes each; ``timestamps``: each one's, or one for all);
+    ``deliver_ats`` and ``expires``: None when every one is 0."""
     flags = ((HELD if held else 0) | (DEFERS if deliver_ats else 0)
              | (EXPIRES if expires else 0))
-    parts = [BATCH_HEAD.pack(flags, len(ids)), bytes.fromhex("".join(ids)),
-             _column("q", timestamps), _column("I", map(len, bodies))]
+    raw = _raw(ids)
+    n = len(raw) // 8
+    parts = [BATCH_HEAD.pack(flags, n), raw,
+             _column("q", [timestamps] * n if isinstance(timestamps, int) else timestamps),
+             _column("I", map(len, bodies))]
     if deliver_ats:
         parts.append(_column("q", deliver_ats))
     if expires:
@@ -163,19 +176,24 @@ def batch(ids: list[str], timestamps: list[int], bodies: list[bytes],
     return encode(BATCH, b"".join(parts))
 
 
-def publish(ids: list[str], timestamps: list[int], bodies: list[bytes],
+def publish(ids: Ids, timestamps: Stamps, bodies: list[bytes],
             deliver_ats: list[int] | None, expires: list[int] | None, held: bool
             ) -> tuple[bytes, list[tuple[int, int]]]:
     """The records of one publish: a PUB for one message, else BATCH records, as few as
-    hold them (one, unless they pass MAX_PAYLOAD); with where each BATCH starts in the
-    result and how many messages it holds."""
-    n = len(ids)
+    hold them (one, unless they pass MAX_PAYLOAD; a message too large to share one goes
+    in a PUB); with where each record starts in the result and how many messages it
+    holds (1: a PUB; a BATCH holds more). ``ids`` and ``timestamps`` as ``batch`` takes
+    them."""
+    raw = _raw(ids)
+    n = len(raw) // 8
     if n == 1:
-        return pub(int(ids[0], 16), timestamps[0], deliver_ats[0] if deliver_ats else 0, held,
-                   bodies[0], expires[0] if expires else 0), []
+        return pub(int.from_bytes(raw, "big"),
+                   timestamps if isinstance(timestamps, int) else timestamps[0],
+                   deliver_ats[0] if deliver_ats else 0, held,
+                   bodies[0], expires[0] if expires else 0), [(0, 1)]
     per_message = 20 + (8 if deliver_ats else 0) + (8 if expires else 0)
     if per_message * n + sum(map(len, bodies)) <= MAX_PAYLOAD - BATCH_HEAD.size:
-        return batch(ids, timestamps, bodies, deliver_ats, expires, held), [(0, n)]
+        return batch(raw, timestamps, bodies, deliver_ats, expires, held), [(0, n)]
     parts: list[bytes] = []
     starts: list[tuple[int, int]] = []
     first, at = 0, 0
@@ -186,8 +204,9 @@ def publish(ids: list[str], timestamps: list[int], bodies: list[bytes],
             last += 1
         last = max(last, first + 1)   # a body fits a record by itself (MAX_BODY)
         cut = slice(first, last)
-        part, inner = publish(ids[cut], timestamps[cut], bodies[cut],
-                              deliver_ats[cut] if deliver_ats else None,
+        part, inner = publish(raw[8 * first:8 * last],
+                              timestamps if isinstance(timestamps, int) else timestamps[cut],
+                              bodies[cut], deliver_ats[cut] if deliver_ats else None,
                               expires[cut] if expires else None, held)
         starts += [(at + offset, count) for offset, count in inner]
         parts.append(part)

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 from .. import deadletter
 from ..backlog import ReadLater
 from ..errors import AdminFailed, InvalidChannel, QueueFull, StorageFailed
-from ..message import Message
+from ..message import Message, Published
 from ..options import Options
 from . import fileops, records
 from .replay import Replay
@@ -85,8 +85,8 @@ SCAN_BLOCK = 4 << 20
 READ_RETRY_FIRST = 0.05
 READ_RETRY_MAX = 5.0
 
-_id, _timestamp, _body, _expires, _loc, _attempts = (
-    attrgetter(name) for name in ("id", "timestamp", "body", "expires", "loc", "attempts"))
+_id, _loc, _attempts = (
+    attrgetter(name) for name in ("id", "loc", "attempts"))
 
 
 class DataPathLocked(RuntimeError):
@@ -110,9 +110,10 @@ class Store:
 
     spill_limit: int | None = None     # ready messages kept in memory; None: all
 
-    def published(self, topic: "Topic", msgs: list[Message], defers: list[int],
+    def published(self, topic: "Topic", run: Published, defers: list[int],
                   producer: bytes | None = None) -> None:
-        """Before ``msgs`` are queued; raises ``StorageFailed`` to refuse them."""
+        """Before ``run``'s messages are queued (and setting where they are on disk, its
+        ``runs``); raises ``StorageFailed`` to refuse them."""
 
     def load(self, topic: "Topic", loc: int) -> Message | None:
         raise AssertionError("a memory-only broker has nothing on disk")
@@ -188,12 +189,12 @@ class MemoryStore(Store):
         self.limit = max_memory_bytes
         self.queued_bytes = 0
 
-    def published(self, topic: "Topic", msgs: list[Message], defers: list[int],
+    def published(self, topic: "Topic", run: Published, defers: list[int],
                   producer: bytes | None = None) -> None:
         if not self.limit:
             return
         copies = 1 if topic.holds else len(topic.channels)
-        incoming = sum(len(m.body) for m in msgs) * copies
+        incoming = run.size * copies
         if self.queued_bytes + incoming > self.limit:
             raise QueueFull(f"PUB to {topic.name} refused: the broker holds "
                             f"{self.queued_bytes} bytes of queued messages, and "
@@ -355,7 +356,7 @@ class DiskStore(Store):
         batch.entries += entries
 
     # -- what the core tells ----------------------------------------------
-    def published(self, topic: "Topic", msgs: list[Message], defers: list[int],
+    def published(self, topic: "Topic", run: Published, defers: list[int],
                   producer: bytes | None = None) -> None:
         if topic.ephemeral:
             return
@@ -363,11 +364,14 @@ class DiskStore(Store):
             raise StorageFailed(f"PUB to {topic.name} refused: the data path cannot be "
                                 f"synced ({self.failed}); retry later")
         topic_log = self.logs[topic.name]
+        n = len(run)
+        expires = run.expires
         limit = self.options.max_disk_bytes
         if limit:
             used = sum(t.disk_bytes for t in self.logs.values())
-            incoming = sum(len(m.body) + records.HEADER_SIZE + records.PUB_HEAD.size
-                           + (records.PUB_EXPIRES.size if m.expires else 0) for m in msgs)
+            incoming = (run.size + n * (records.HEADER_SIZE + records.PUB_HEAD.size)
+                        + (records.PUB_EXPIRES.size * (n - list(expires).count(0))
+                           if expires else 0))
             if used + incoming > limit:
                 raise StorageFailed(f"PUB to {topic.name} refused: the data path holds {used} "
                                     f"bytes, and {incoming} more would pass max-disk-bytes "
@@ -376,11 +380,9 @@ class DiskStore(Store):
         held = topic.holds
         deliver_ats = [now_ns + d * 1_000_000 if d else 0 for d in defers] if any(defers) \
             else None
-        expires = list(map(_expires, msgs))
         # An MPUB's messages under one checksum: message i is at its record's location + i.
-        data, batches = records.publish(list(map(_id, msgs)), list(map(_timestamp, msgs)),
-                                        list(map(_body, msgs)), deliver_ats,
-                                        expires if any(expires) else None, held)
+        data, runs = records.publish(run.raw_ids, run.timestamp, run.bodies, deliver_ats,
+                                     expires if expires and any(expires) else None, held)
         queued, prefix = self._encode_queued(topic.name)
         try:
             loc = topic_log.append(b"".join((prefix, data, records.dedupe(producer)
@@ -391,19 +393,15 @@ class DiskStore(Store):
                                 f"it ({err.strerror or err}); nothing was accepted") from None
         self._written(topic.name, queued)
         loc += len(prefix)
-        if not batches:
-            msgs[0].loc = loc
-        at = 0
-        for start, count in batches:
-            topic_log.add_batch(loc + start, count)
-            for msg, msg_loc in zip(msgs[at:at + count], range(loc + start, loc + start + count)):
-                msg.loc = msg_loc
-            at += count
+        run.runs = [(loc + start, count) for start, count in runs]
+        for start, count in runs:
+            if count > 1:
+                topic_log.add_batch(loc + start, count)
         seg = segment_of(loc)
-        topic_log.hold(seg, (1 if held else len(topic.channels)) * len(msgs))
+        topic_log.hold(seg, (1 if held else len(topic.channels)) * n)
         if producer is not None:
             self._dedupe.setdefault(topic.name, {}).setdefault(seg, []).append(producer)
-        self._unsynced += len(msgs)
+        self._unsynced += n
 
     def load(self, topic: "Topic", loc: int) -> Message | None:
         """A message that waited on disk only, read back (None: its record fails its
