@@ -185,3 +185,18 @@ def test_emptying_a_topic_drops_what_it_holds_on_disk_for_good(tmp_path):
     clock.advance(6)
     broker.tick()
     assert drain(broker, "events", "work") == {}
+
+
+def test_a_publish_split_past_the_largest_record_reads_each_message_back_as_itself(
+        tmp_path, monkeypatch):
+    """Past MAX_PAYLOAD an MPUB is written as several records; a body too large to share
+    one goes in a PUB of its own between BATCHes, and every message waiting on disk is
+    read back from its own place."""
+    from broker.storage import records
+    monkeypatch.setattr(records, "MAX_PAYLOAD", 1_000)
+    broker = start(tmp_path, ManualClock(), mem_queue_size=0)
+    broker.get_or_create_topic("events").get_or_create_channel("work")
+    bodies = [b"a" * 600, b"b" * 600, b"c" * 10, b"d" * 10, b"e" * 700, b"f" * 5]
+    ids = broker.multi_publish("events", bodies)
+    assert memory_count(broker) == 0
+    assert drain(broker, "events", "work") == dict(zip(ids, bodies))
