@@ -110,7 +110,7 @@ class Broker:
                 return ids
         if not bodies:
             raise InvalidMessage("MPUB: no messages")
-        self._check_bodies(bodies)
+        size = self._check_bodies(bodies)
         if defers and len(defers) != len(bodies):
             raise InvalidRequest(f"{len(defers)} defers for {len(bodies)} messages: give one "
                                  f"per message or none")
@@ -129,7 +129,7 @@ class Broker:
                        for ttl in ttls or repeat(0, len(bodies))]
         # The messages as columns: storage writes them so, and queues make Message
         # objects only of those they keep in memory.
-        run = Published(self.new_id.many_raw(len(bodies)), bodies, now, expires)
+        run = Published(self.new_id.many_raw(len(bodies)), bodies, now, expires, size=size)
         entry = (self.dedupe.entry(producer_id, sequence, run.ids[0], len(run), digest)
                  if producer_id else None)
         self.storage.published(t, run, defers, producer=entry.encode() if entry else None)
@@ -142,11 +142,12 @@ class Broker:
             self.dedupe.remember(entry, t.name)
         return run.ids
 
-    def _check_bodies(self, bodies: list[bytes]) -> None:
+    def _check_bodies(self, bodies: list[bytes]) -> int:
+        """Their bytes, once each is known to be 1 to max-msg-size bytes."""
         limit = self.options.max_msg_size
         lengths = list(map(len, bodies))
         if min(lengths) and max(lengths) <= limit:  # (in C: the usual case)
-            return
+            return sum(lengths)
         for i, body in enumerate(bodies):
             if not body:
                 raise InvalidMessage(f"message {i}: empty body" if len(bodies) > 1 else "empty body")
@@ -154,6 +155,7 @@ class Broker:
                 where = f"message {i}: " if len(bodies) > 1 else ""
                 raise MessageTooBig(f"{where}body of {len(body)} bytes is over the "
                                     f"max-msg-size of {limit} bytes")
+        raise AssertionError("a body failed the check above")
 
     # -- limits: every server checks ranges through these ----------------
     def check_delay(self, delay_ms: float, what: str) -> None:

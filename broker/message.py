@@ -63,7 +63,7 @@ _SWAP = sys.byteorder == "little"
 def raw_id_run(first: int, count: int) -> bytes:
     """The ``count`` ids one broker hands out in a row from ``first``, as 8 big-endian
     bytes each (as the log stores them), made in one C pass."""
-    ids = array("Q", range(first, first + count * _ID_STEP, _ID_STEP))
+    ids = array("Q", list(range(first, first + count * _ID_STEP, _ID_STEP)))  # (a list: faster)
     if _SWAP:
         ids.byteswap()
     return ids.tobytes()
@@ -141,13 +141,14 @@ class Published:
     __slots__ = ("raw_ids", "ids", "bodies", "timestamp", "expires", "size", "runs")
 
     def __init__(self, raw_ids: bytes, bodies: Sequence[bytes], timestamp: int,
-                 expires: Sequence[int] | None = None, ids: list[str] | None = None) -> None:
+                 expires: Sequence[int] | None = None, ids: list[str] | None = None,
+                 size: int | None = None) -> None:
         self.raw_ids = raw_ids              # 8 big-endian bytes each
         self.ids = ids if ids is not None else hex_ids(raw_ids)
         self.bodies = bodies
         self.timestamp = timestamp          # publish time of each, ns since the epoch
         self.expires = expires              # each one's expiry (wall ns); None: none expire
-        self.size = sum(map(len, bodies))   # body bytes
+        self.size = sum(map(len, bodies)) if size is None else size  # body bytes
         # Where they are on disk, as runs (first location, count) in order; empty: nowhere.
         self.runs: list[tuple[int, int]] = []
 
@@ -169,14 +170,15 @@ class Published:
                         self.locations(start, stop) if self.runs else repeat(0),
                         repeat(0) if expires is None else expires[start:stop]))
 
-    def locations(self, start: int = 0, stop: int | None = None) -> "range | array":
+    def locations(self, start: int = 0, stop: int | None = None) -> array:
         """Where messages ``start`` to ``stop`` are on disk (stored: ``runs`` is set)."""
         stop = len(self.ids) if stop is None else stop
+        locs = array("q")
         runs = self.runs
         if len(runs) == 1:
             first = runs[0][0]
-            return range(first + start, first + stop)
-        locs = array("q")
+            locs.fromlist(list(range(first + start, first + stop)))  # (faster than a range)
+            return locs
         for first, count in runs:
-            locs.extend(range(first, first + count))
+            locs.fromlist(list(range(first, first + count)))
         return locs[start:stop]

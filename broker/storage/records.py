@@ -136,6 +136,7 @@ def pubs(ids: list[str], timestamps: list[int], bodies: list[bytes], deliver_ats
 
 
 BATCH_HEAD = struct.Struct(">BI")         # flags, count
+_STAMP = struct.Struct(">q")              # one value of a column of times
 _SWAP = sys.byteorder == "little"         # the columns' integers are big-endian on disk
 
 
@@ -166,8 +167,8 @@ def batch(ids: Ids, timestamps: Stamps, bodies: list[bytes],
     raw = _raw(ids)
     n = len(raw) // 8
     parts = [BATCH_HEAD.pack(flags, n), raw,
-             _column("q", [timestamps] * n if isinstance(timestamps, int) else timestamps),
-             _column("I", map(len, bodies))]
+             _STAMP.pack(timestamps) * n if isinstance(timestamps, int)
+             else _column("q", timestamps), _column("I", list(map(len, bodies)))]
     if deliver_ats:
         parts.append(_column("q", deliver_ats))
     if expires:
