@@ -66,13 +66,17 @@ class Topic:
             channel.put_published(run)
 
     def publish_deferred(self, msgs: list[Message], delay: float) -> None:
-        """Messages of a DPUB, ready ``delay`` seconds from now."""
+        """Messages of a DPUB (or of an MPUB with defers), ready ``delay`` seconds from
+        now (0: at once)."""
         self.message_count += len(msgs)
         self.message_bytes += sum(len(m.body) for m in msgs)
         if self.holds:
-            until = self.broker.clock.monotonic() + delay
-            for m in msgs:
-                self._held_later.push(m, until)
+            if delay > 0:
+                until = self.broker.clock.monotonic() + delay
+                for m in msgs:
+                    self._held_later.push(m, until)
+            else:
+                self._held.extend(msgs)
             return
         self._copy_to_channels(msgs, delay)
 

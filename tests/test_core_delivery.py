@@ -349,6 +349,14 @@ def test_multi_publish_defers_each_message_by_its_own_delay():
     assert c.ids == [now, later]
 
 
+def test_a_topic_without_channels_holds_an_mpubs_undeferred_messages_in_publish_order():
+    broker, _ = new_broker()
+    first, _later = broker.multi_publish("events", [b"now", b"later"], defer_ms=[0, 2000])
+    second = broker.publish("events", b"after")
+    c = subscribe(broker, "events", "work")
+    assert c.ids == [first, second]
+
+
 def test_multi_publish_with_a_defer_count_other_than_the_message_count_is_refused():
     broker, _ = new_broker()
     with pytest.raises(InvalidRequest, match="1 defers for 2 messages"):
