@@ -40,6 +40,13 @@ def drained(b: Backlog) -> list[tuple]:
     return out
 
 
+def pop_both(one: Backlog, bulk: Backlog, count: int) -> None:
+    """Pop ``count`` from each: the same messages come off both."""
+    for _ in range(count):
+        a, b = one.popleft(), bulk.popleft()
+        assert (a and seen(a)) == (b and seen(b))
+
+
 limits = st.one_of(st.none(), st.integers(0, 12))
 # A message: on disk (its location, unless 0) or not, and its delivery count so far.
 messages = st.tuples(st.booleans(), st.integers(0, 3))
@@ -78,9 +85,7 @@ def test_extend_queues_what_appending_one_by_one_queues(limit, steps):
     loc = 1
     for kind, arg in steps:
         if kind == "pop":
-            for _ in range(arg):
-                assert (None if (m := one.popleft()) is None else seen(m)) == \
-                    (None if (m := bulk.popleft()) is None else seen(m))
+            pop_both(one, bulk, arg)
             continue
         batch = []
         for stored, attempts in arg:
@@ -103,9 +108,7 @@ def test_a_publish_is_queued_as_its_messages_appended_one_by_one(limit, expires,
     at = 1
     for kind, arg in steps:
         if kind == "pop":
-            for _ in range(arg):
-                assert (None if (m := one.popleft()) is None else seen(m)) == \
-                    (None if (m := bulk.popleft()) is None else seen(m))
+            pop_both(one, bulk, arg)
             continue
         run = run_of(*arg, at=at, expires=expires)
         at += 100_000

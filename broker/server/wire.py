@@ -162,8 +162,9 @@ def read_mpub(buf: bytes | bytearray, pos: int, *, max_msg_size: int,
         raise InvalidBody(f"MPUB invalid message count {count}")
     bodies: list[bytes] = []
     append, unpack, end = bodies.append, SIZE.unpack_from, len(buf)
-    # Errors are built only when met, and one test passes a body that meets none: this
-    # loop runs once per published message. A view copies each body once.
+    # This loop runs once per published message: errors are built only when met, behind
+    # one test that a valid body passes; a view copies each body once (bytes of a slice
+    # of a bytearray would copy it twice).
     with memoryview(buf) as view:
         for i in range(count):
             if end < pos + 4:

@@ -148,11 +148,11 @@ def _column(typecode: str, values: Iterable[int]) -> bytes:
     return column.tobytes()
 
 
-Ids = "list[str] | bytes"             # as messages carry them (16 hex digits), or raw
-Stamps = "list[int] | int"           # each one's, or one for all
+Ids = list[str] | bytes     # as messages carry them (16 hex digits), or 8 raw bytes each
+Stamps = list[int] | int    # each one's, or one for all
 
 
-def _raw(ids: "list[str] | bytes") -> bytes:
+def _raw(ids: Ids) -> bytes:
     """Ids as the log stores them: 8 big-endian bytes each."""
     return ids if isinstance(ids, bytes) else bytes.fromhex("".join(ids))
 
