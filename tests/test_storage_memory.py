@@ -10,6 +10,7 @@ import pytest
 
 from broker.backlog import SLACK
 from broker.clock import ManualClock
+from broker.storage import records
 
 from .corekit import Recorder
 from .test_storage_recovery import RESTARTS, drain, start
@@ -192,7 +193,6 @@ def test_a_publish_split_past_the_largest_record_reads_each_message_back_as_itse
     """Past MAX_PAYLOAD an MPUB is written as several records; a body too large to share
     one goes in a PUB of its own between BATCHes, and every message waiting on disk is
     read back from its own place."""
-    from broker.storage import records
     monkeypatch.setattr(records, "MAX_PAYLOAD", 1_000)
     broker = start(tmp_path, ManualClock(), mem_queue_size=0)
     broker.get_or_create_topic("events").get_or_create_channel("work")

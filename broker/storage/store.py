@@ -85,8 +85,7 @@ SCAN_BLOCK = 4 << 20
 READ_RETRY_FIRST = 0.05
 READ_RETRY_MAX = 5.0
 
-_id, _loc, _attempts = (
-    attrgetter(name) for name in ("id", "loc", "attempts"))
+_id, _loc, _attempts = map(attrgetter, ("id", "loc", "attempts"))
 
 
 class DataPathLocked(RuntimeError):
@@ -370,7 +369,7 @@ class DiskStore(Store):
         if limit:
             used = sum(t.disk_bytes for t in self.logs.values())
             incoming = (run.size + n * (records.HEADER_SIZE + records.PUB_HEAD.size)
-                        + (records.PUB_EXPIRES.size * (n - list(expires).count(0))
+                        + (records.PUB_EXPIRES.size * (n - expires.count(0))
                            if expires else 0))
             if used + incoming > limit:
                 raise StorageFailed(f"PUB to {topic.name} refused: the data path holds {used} "
