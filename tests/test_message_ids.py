@@ -9,9 +9,12 @@ import re
 import subprocess
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from broker import Broker, Client, EmbeddedBroker, Options
 from broker.clock import ManualClock
+from broker.message import NODE_ID_BITS, IdFactory
 from broker.storage import DiskStore
 
 from .corekit import subscribe
@@ -33,6 +36,17 @@ def assert_unique_and_increasing(ids: list[str]) -> None:
     assert all(ID.match(i) for i in ids), [i for i in ids if not ID.match(i)][:3]
     assert len(set(ids)) == len(ids)
     assert ids == sorted(ids)          # 16 hex characters: text order is number order
+
+
+@given(st.integers(0, (1 << (64 - NODE_ID_BITS)) - 300), st.integers(0, 1023),
+       st.integers(1, 250))
+@example((1 << (64 - NODE_ID_BITS)) - 300, 1023, 250)   # the top bit set: the year 2540
+def test_an_mpubs_ids_are_the_sequence_then_the_node_id_in_16_lower_case_hex_digits(
+        sequence, node_id, count):
+    ids = IdFactory(node_id, start=sequence)
+    first = ids.many(count)
+    assert first == [f"{(sequence + i) << NODE_ID_BITS | node_id:016x}" for i in range(count)]
+    assert ids() == f"{(sequence + count) << NODE_ID_BITS | node_id:016x}"
 
 
 def test_brokers_with_different_node_ids_never_share_an_id_published_at_the_same_instant():
