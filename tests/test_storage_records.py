@@ -16,6 +16,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from broker.message import id_run, raw_id_run
 from broker.storage import records
 from broker.storage.replay import Replay
 from broker.storage.segments import Reader, location
@@ -493,3 +494,17 @@ def test_a_publish_past_the_largest_record_is_split_into_batches_that_each_fit(m
         (i, body, n, 7) for n, (i, body) in enumerate(zip(ids, bodies))]
     assert records.publish(ids[:1], [0], bodies[:1], None, None, True) == (
         records.pub(int(ids[0], 16), 0, 0, True, bodies[0]), [(0, 1)])
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, (1 << 54) - 300), st.integers(1, 40), st.integers(0, 1 << 62),
+       st.booleans(), st.booleans())
+def test_a_publish_given_as_columns_writes_the_same_bytes_as_given_message_by_message(
+        sequence, count, stamp, expiring, held):
+    """The broker hands storage an MPUB's ids as raw bytes and one publish time; the log
+    gets byte for byte what the ids in hex and a time per message make (what logs hold)."""
+    first = sequence << 10 | 7
+    bodies = [b"m%d" % i for i in range(count)]
+    expires = [stamp + i for i in range(count)] if expiring else None
+    assert records.publish(raw_id_run(first, count), stamp, bodies, None, expires, held) == \
+        records.publish(id_run(first, count), [stamp] * count, bodies, None, expires, held)
