@@ -20,6 +20,7 @@ import os
 import zlib
 from array import array
 from bisect import bisect_right
+from itertools import islice
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -308,6 +309,21 @@ class TopicLog:
         self.abandon()
 
 
+def _messages(batch: records.Batch, first: int, count: int, loc: int) -> list[Message]:
+    """Messages ``first`` to ``first + count`` of ``batch``, the first at ``loc``: the ids
+    split and the bodies cut in one pass each."""
+    ids = bytes.fromhex(batch.ids[16 * first:16 * (first + count)]).hex(" ", 8).split(" ")
+    data, bounds = batch.data, batch.bounds[first:first + count + 1]
+    bodies = [data[start:stop] for start, stop in zip(bounds, islice(bounds, 1, None))]
+    msgs = list(map(Message, ids, bodies, batch.timestamps[first:first + count]))
+    for msg, at in zip(msgs, range(loc, loc + count)):
+        msg.loc = at
+    if batch.expires is not None:
+        for msg, expires in zip(msgs, batch.expires[first:first + count]):
+            msg.expires = expires
+    return msgs
+
+
 class Reader:
     """Messages by location, from blocks of a log read ``READ_AHEAD`` bytes at a time
     with ``read(segment, size, offset)``: locations asked for in log order cost one read
@@ -328,27 +344,34 @@ class Reader:
         out: list[Message | None] = []
         append = out.append
         batch_loc, batch_n, batch = self.batch_loc, self.batch_n, self.batch
-        for loc in locs:
+        j, total = 0, len(locs)
+        while j < total:
+            loc = locs[j]
             i = loc - batch_loc
             if not 0 <= i < batch_n:
                 found = self._batch_at(loc) if self.batches else None
                 if found is None:
                     append(self._record_at(loc))
+                    j += 1
                     continue
                 batch_loc, batch_n = found
                 batch = self._read_batch(batch_loc)
                 self.batch_loc, self.batch_n, self.batch = batch_loc, batch_n, batch
                 i = loc - batch_loc
+            # The run of locations that follow one another in this batch (the usual
+            # case: a read-ahead asks for whole batches), built in bulk.
+            count = min(batch_n - i, total - j)
+            if count > 1 and locs[j + count - 1] != loc + count - 1 or (
+                    count > 2 and list(locs[j:j + count]) != list(range(loc, loc + count))):
+                count = 1
+                while j + count < total and i + count < batch_n and (
+                        locs[j + count] == loc + count):
+                    count += 1
+            j += count
             if batch is None:
-                append(None)
+                out += [None] * count
                 continue
-            bounds = batch.bounds
-            msg = Message(batch.ids[16 * i:16 * i + 16], batch.data[bounds[i]:bounds[i + 1]],
-                          batch.timestamps[i])
-            msg.loc = loc
-            if batch.expires is not None:
-                msg.expires = batch.expires[i]
-            append(msg)
+            out += _messages(batch, i, count, loc)
         return out
 
     def _batch_at(self, loc: int) -> tuple[int, int] | None:
