@@ -252,3 +252,41 @@ def test_deliveries_of_one_pass_write_one_attempts_record_per_channel(tmp_path):
     assert kinds.count(records.ATTEMPTS) <= 2
     assert kinds.count(records.FIN) == 2
     broker.storage.close()
+
+
+def test_messages_read_back_delivered_and_fined_die_without_a_young_garbage_collection(
+        tmp_path):
+    # pynsqd's collector settings: a read-ahead's messages (all alive, queued) no longer
+    # pass the young generation's threshold each time, so none is traced on its way
+    # from the disk through a consumer to its FIN.
+    import gc
+
+    from broker.daemon import tune_garbage_collector
+
+    broker = start(tmp_path, mem_queue_size=100)
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    for _ in range(200):
+        broker.multi_publish("events", [b"x" * 100] * 100)
+    broker.storage.flush()
+    saved, young = gc.get_threshold(), []
+
+    def counted(phase: str, info: dict) -> None:
+        if phase == "start":
+            young.append(info["generation"])
+
+    gc.collect()
+    tune_garbage_collector()
+    gc.callbacks.append(counted)
+    try:
+        ch.set_rdy(consumer, 2500)
+        while consumer.received:
+            ch.finish_many(consumer, [m.id for m in consumer.received[:500]])
+            del consumer.received[:500]
+            broker.storage.flush()
+    finally:
+        gc.callbacks.remove(counted)
+        gc.set_threshold(*saved)
+    assert ch.depth == 0 and ch.in_flight_count == 0 and ch.finish_count == 20_000
+    assert len(young) <= 2, f"{len(young)} collections while 20,000 messages were read back"
+    broker.storage.close()
