@@ -71,7 +71,11 @@ class TopicLog:
         self.refs: dict[int, int] = {}
         self.sizes: dict[int, int] = {}     # bytes of each segment on disk
         self._readers: dict[int, int] = {}
-        self._reader: Reader | None = None      # read_message's, which reads ahead
+        # read_message's and read_cached's: each keeps the block it read last. A block
+        # holds whole appends only (they are made on the event loop, as these reads),
+        # and what was appended never changes, so a block read stays true.
+        self._reader: Reader | None = None
+        self._cached_reader: Reader | None = None
         # segment -> (offsets, counts) of its BATCH records, in log order: where the
         # message at a location is read from (see ``Reader``)
         self.batches: dict[int, tuple[array, array]] = {}
@@ -236,27 +240,28 @@ class TopicLog:
     def read_cached(self, locs: "Sequence[int]") -> "list[Message | None] | None":
         """``read_messages`` on the event loop, when the page cache holds every record
         asked for: None as soon as a read would wait for the disk (then nothing was read).
-        It reads with this log's own open files."""
-        files, readers = self.files, self._readers
-
-        def read(seg: int, size: int, offset: int) -> bytes:
-            fd = readers.get(seg)
-            if fd is None:
-                fd = readers[seg] = files.open(str(self.path(seg)), os.O_RDONLY)
-            block = files.pread_cached(fd, size, offset)
-            if block is None:
-                raise _WouldWait
-            if len(block) < size:  # the file's end, or only part of the range is cached
-                header = records.HEADER_SIZE
-                if len(block) < header or len(block) < header + records.HEADER.unpack_from(
-                        block)[2]:
-                    raise _WouldWait  # the thread reads it (and tells damage from a miss)
-            return block
-
+        It reads with this log's own open files, and keeps the block read last for the
+        next call (a read-ahead asks for the locations that follow the last one's)."""
+        if self._cached_reader is None:
+            self._cached_reader = Reader(self.batches, self._pread_cached)
         try:
-            return Reader(self.batches, read).messages(locs)
+            return self._cached_reader.messages(locs)
         except _WouldWait:
             return None
+
+    def _pread_cached(self, seg: int, size: int, offset: int) -> bytes:
+        fd = self._readers.get(seg)
+        if fd is None:
+            fd = self._readers[seg] = self.files.open(str(self.path(seg)), os.O_RDONLY)
+        block = self.files.pread_cached(fd, size, offset)
+        if block is None:
+            raise _WouldWait
+        if len(block) < size:  # the file's end, or only part of the range is cached
+            header = records.HEADER_SIZE
+            if len(block) < header or len(block) < header + records.HEADER.unpack_from(
+                    block)[2]:
+                raise _WouldWait  # the thread reads it (and tells damage from a miss)
+        return block
 
     def hold(self, seg: int, count: int = 1) -> None:
         self.refs[seg] = self.refs.get(seg, 0) + count
