@@ -22,6 +22,7 @@ from array import array
 from bisect import bisect_right
 from itertools import islice
 from pathlib import Path
+from struct import unpack_from
 from typing import Callable, Sequence
 
 from ..message import Message
@@ -318,8 +319,12 @@ def _messages(batch: records.Batch, first: int, count: int, loc: int) -> list[Me
     """Messages ``first`` to ``first + count`` of ``batch``, the first at ``loc``: the ids
     split and the bodies cut in one pass each."""
     ids = bytes.fromhex(batch.ids[16 * first:16 * (first + count)]).hex(" ", 8).split(" ")
-    data, bounds = batch.data, batch.bounds[first:first + count + 1]
-    bodies = [data[start:stop] for start, stop in zip(bounds, islice(bounds, 1, None))]
+    data, size = batch.data, batch.body_size
+    if size:  # bodies all as long (a format of ``count`` fields of that size, cached)
+        bodies = unpack_from(f"{size}s" * count, data, batch.bounds[first])
+    else:
+        bounds = batch.bounds[first:first + count + 1]
+        bodies = [data[start:stop] for start, stop in zip(bounds, islice(bounds, 1, None))]
     msgs = list(map(Message, ids, bodies, batch.timestamps[first:first + count]))
     for msg, at in zip(msgs, range(loc, loc + count)):
         msg.loc = at
