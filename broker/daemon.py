@@ -21,6 +21,7 @@ import sys
 
 from . import __version__
 from .app import BrokerApp, new_event_loop
+from .backlog import READ_AHEAD
 from .cli import OneLineParser
 from .options import Options, format_duration, option_flag, option_help
 from .security.tls import exposure_warnings
@@ -92,9 +93,22 @@ def tune_garbage_collector() -> None:
     With Python's default thresholds a full collection rescans all of them each time
     they grow by a quarter, and checks for that every 70,000 allocations: measured,
     half of a memory-only publish's CPU. Full collections are made a hundred times
-    rarer; the young generations keep their defaults, so pauses stay short."""
-    young, middle, _ = gc.get_threshold()
-    gc.set_threshold(young, middle, 1000)
+    rarer.
+
+    Messages read back from disk come READ_AHEAD (1,024) at a time, past the default
+    young threshold (700): a young collection per read-ahead traced every message just
+    read (they all live on, queued), a tenth of a durable consume's CPU, where a
+    memory-only consume makes none. The young threshold holds a few read-aheads (and
+    what a consumer has in flight meanwhile), so messages read, delivered and FINed die
+    without being traced. A young collection traces up to 4,096 objects instead of 700
+    (about a millisecond); the middle generation is collected every second young
+    collection, so it holds about as many objects as with the defaults (its pauses and
+    the pace of full collections stay as they were)."""
+    gc.set_threshold(YOUNG_THRESHOLD, 1, 1000)
+
+
+# Allocations (net) between young collections: four read-aheads of messages from disk.
+YOUNG_THRESHOLD = 4 * READ_AHEAD
 
 
 async def serve(options: Options) -> None:

@@ -20,7 +20,7 @@ from broker import Broker, Options
 from broker.clock import ManualClock
 from broker.storage import DiskStore, fileops, records
 import broker.storage.store as store_module
-from broker.storage.segments import segment_of
+from broker.storage.segments import READ_AHEAD as READ_AHEAD_BYTES, segment_of
 
 from .corekit import Recorder
 from .faultfs import FaultyFiles
@@ -251,4 +251,75 @@ def test_deliveries_of_one_pass_write_one_attempts_record_per_channel(tmp_path):
     kinds = [r.kind for r in records.scan(data, "log")]
     assert kinds.count(records.ATTEMPTS) <= 2
     assert kinds.count(records.FIN) == 2
+    broker.storage.close()
+
+
+def test_messages_read_back_delivered_and_fined_die_without_a_young_garbage_collection(
+        tmp_path):
+    # pynsqd's collector settings: a read-ahead's messages (all alive, queued) no longer
+    # pass the young generation's threshold each time, so none is traced on its way
+    # from the disk through a consumer to its FIN.
+    import gc
+
+    from broker.daemon import tune_garbage_collector
+
+    broker = start(tmp_path, mem_queue_size=100)
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    for _ in range(200):
+        broker.multi_publish("events", [b"x" * 100] * 100)
+    broker.storage.flush()
+    saved, young = gc.get_threshold(), []
+
+    def counted(phase: str, info: dict) -> None:
+        if phase == "start":
+            young.append(info["generation"])
+
+    gc.collect()
+    tune_garbage_collector()
+    gc.callbacks.append(counted)
+    try:
+        ch.set_rdy(consumer, 2500)
+        while consumer.received:
+            ch.finish_many(consumer, [m.id for m in consumer.received[:500]])
+            del consumer.received[:500]
+            broker.storage.flush()
+    finally:
+        gc.callbacks.remove(counted)
+        gc.set_threshold(*saved)
+    assert ch.depth == 0 and ch.in_flight_count == 0 and ch.finish_count == 20_000
+    assert len(young) <= 2, f"{len(young)} collections while 20,000 messages were read back"
+    broker.storage.close()
+
+
+def test_read_aheads_of_consecutive_messages_read_each_byte_of_the_log_once(tmp_path):
+    class BytesCounted(ReadsRecorded):
+        read_bytes = 0
+
+        def pread_cached(self, fd: int, size: int, offset: int) -> bytes | None:
+            block = super().pread_cached(fd, size, offset)
+            self.read_bytes += len(block or b"")
+            return block
+
+    files = BytesCounted()
+    opts = Options(data_path=str(tmp_path), mem_queue_size=10)
+    broker = Broker(opts, clock=ManualClock())
+    broker.storage = DiskStore(broker, opts, files=files)
+    broker.storage.recover()
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    ids = []
+    for _ in range(100):  # 10,000 messages, 1.3 MB of log, past several read-aheads
+        ids += broker.multi_publish("events", [b"x" * 100] * 100)
+    broker.storage.flush()
+    log_bytes = broker.storage.logs["events"].disk_bytes
+    ch.set_rdy(consumer, 2500)
+    received = []
+    while consumer.received:
+        taken = consumer.ids
+        consumer.received.clear()
+        received += taken
+        ch.finish_many(consumer, taken)  # and the next ones are delivered
+    assert received == ids
+    assert files.read_bytes <= log_bytes + READ_AHEAD_BYTES
     broker.storage.close()

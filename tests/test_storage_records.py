@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from broker.message import id_run, raw_id_run
-from broker.storage import records
+from broker.storage import records, segments
 from broker.storage.replay import Replay
 from broker.storage.segments import Reader, location
 
@@ -101,7 +101,7 @@ def reader_of(data: bytes, replay: Replay) -> Reader:
     return Reader(replay.batches, lambda seg, size, offset: data[offset:offset + size])
 
 
-def read(data: bytes, replay: Replay, locs: list[int]) -> list[tuple | None]:
+def read(data: bytes, replay: Replay, locs: "list[int] | array") -> list[tuple | None]:
     return [m and (m.id, m.timestamp, m.body, m.expires, m.loc)
             for m in reader_of(data, replay).messages(locs)]
 
@@ -508,3 +508,64 @@ def test_a_publish_given_as_columns_writes_the_same_bytes_as_given_message_by_me
     expires = [stamp + i for i in range(count)] if expiring else None
     assert records.publish(raw_id_run(first, count), stamp, bodies, None, expires, held) == \
         records.publish(id_run(first, count), [stamp] * count, bodies, None, expires, held)
+
+
+# A log of PUB, MOVE and BATCH records (each message with or without an expiry), some of
+# them damaged; then locations to read, in any order, runs and repeats included.
+_message = st.tuples(st.binary(min_size=1, max_size=40), st.integers(0, 3))
+_record = st.one_of(
+    st.tuples(st.just(records.PUB), st.lists(_message, min_size=1, max_size=1), st.booleans()),
+    st.tuples(st.just(records.MOVE), st.lists(_message, min_size=1, max_size=1), st.booleans()),
+    st.tuples(st.just(records.BATCH), st.lists(_message, min_size=2, max_size=30),
+              st.booleans()))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_record, min_size=1, max_size=12), st.data())
+def test_a_reader_reads_any_locations_in_bulk_as_each_one_alone_reads_as_written(log, data):
+    parts = [records.channel_op(records.CREATE, "c")]
+    intact_parts, written, damaged_locs = list(parts), {}, set()
+    at, next_id = len(parts[0]), 1
+    for kind, messages, damaged in log:
+        ids = [f"{n << 10:016x}" for n in range(next_id, next_id + len(messages))]
+        next_id += len(messages)
+        stamps = [1_000 + int(i, 16) for i in ids]
+        bodies = [body for body, _ in messages]
+        if data.draw(st.booleans(), label="bodies all as long"):
+            bodies = [(body * 40)[:len(bodies[0])] for body in bodies]
+        expires = [e * 1_000_000 for _, e in messages]
+        if kind == records.PUB:
+            record = records.pub(int(ids[0], 16), stamps[0], 0, False, bodies[0], expires[0])
+        elif kind == records.MOVE:
+            record = records.move(int(ids[0], 16), stamps[0], [("c", 2, 0)], bodies[0],
+                                  expires[0])
+        else:
+            record = records.batch(ids, stamps, bodies, None,
+                                   expires if any(expires) else None, False)
+        locs = [location(1, at + i) for i in range(len(messages))]
+        written.update(zip(locs, zip(ids, stamps, bodies, expires, locs)))
+        intact_parts.append(record)
+        if damaged:  # its last byte flipped: each of its messages reads as None
+            record = record[:-1] + bytes((record[-1] ^ 0xFF,))
+            damaged_locs.update(locs)
+        parts.append(record)
+        at += len(record)
+    log_bytes = b"".join(parts)
+    index = replayed(b"".join(intact_parts))    # the batches as they were written
+    everything = sorted(written)
+    # Runs of neighbours (as a read-ahead asks), single ones, and repeats, in any order.
+    locs = data.draw(st.lists(st.one_of(
+        st.sampled_from(everything).map(lambda loc: [loc]),
+        st.tuples(st.integers(0, len(everything) - 1), st.integers(1, 40)).map(
+            lambda run: everything[run[0]:run[0] + run[1]])), max_size=12).map(
+        lambda runs: [loc for run in runs for loc in run]), label="locations")
+    expected = [None if loc in damaged_locs else written[loc] for loc in locs]
+    block = data.draw(st.sampled_from([64, 512, segments.READ_AHEAD]), label="read-ahead")
+    saved, segments.READ_AHEAD = segments.READ_AHEAD, block
+    try:
+        bulk = read(log_bytes, index, array("q", locs))
+        alone = [read(log_bytes, index, [loc])[0] for loc in locs]
+    finally:
+        segments.READ_AHEAD = saved
+    assert bulk == expected
+    assert alone == expected

@@ -227,6 +227,7 @@ class Batch:
     data: bytes
     deliver_ats: array | None
     expires: array | None
+    body_size: int = 0          # the length of every body, when they are all as long
 
     def __len__(self) -> int:
         return len(self.timestamps)
@@ -261,8 +262,9 @@ def read_batch(data: "bytes | memoryview", start: int, stop: int) -> Batch:
     bounds = list(accumulate(lengths, initial=at))
     if at > stop or bounds[-1] != stop or len(timestamps) != n:
         raise DamagedRecord(f"a batch of {n} messages whose columns do not fill it")
+    body_size = lengths[0] if n and lengths.count(lengths[0]) == n else 0
     return Batch(bool(flags & HELD), data[pos:pos + 8 * n].hex(), timestamps, bounds,
-                 data, deliver_ats, expires)
+                 data, deliver_ats, expires, body_size)
 
 
 def fins(channel: str, msg_ids: list[int]) -> list[bytes]:

@@ -20,7 +20,9 @@ import os
 import zlib
 from array import array
 from bisect import bisect_right
+from itertools import islice
 from pathlib import Path
+from struct import unpack_from
 from typing import Callable, Sequence
 
 from ..message import Message
@@ -70,7 +72,11 @@ class TopicLog:
         self.refs: dict[int, int] = {}
         self.sizes: dict[int, int] = {}     # bytes of each segment on disk
         self._readers: dict[int, int] = {}
-        self._reader: Reader | None = None      # read_message's, which reads ahead
+        # read_message's and read_cached's: each keeps the block it read last. A block
+        # holds whole appends only (they are made on the event loop, as these reads),
+        # and what was appended never changes, so a block read stays true.
+        self._reader: Reader | None = None
+        self._cached_reader: Reader | None = None
         # segment -> (offsets, counts) of its BATCH records, in log order: where the
         # message at a location is read from (see ``Reader``)
         self.batches: dict[int, tuple[array, array]] = {}
@@ -235,27 +241,28 @@ class TopicLog:
     def read_cached(self, locs: "Sequence[int]") -> "list[Message | None] | None":
         """``read_messages`` on the event loop, when the page cache holds every record
         asked for: None as soon as a read would wait for the disk (then nothing was read).
-        It reads with this log's own open files."""
-        files, readers = self.files, self._readers
-
-        def read(seg: int, size: int, offset: int) -> bytes:
-            fd = readers.get(seg)
-            if fd is None:
-                fd = readers[seg] = files.open(str(self.path(seg)), os.O_RDONLY)
-            block = files.pread_cached(fd, size, offset)
-            if block is None:
-                raise _WouldWait
-            if len(block) < size:  # the file's end, or only part of the range is cached
-                header = records.HEADER_SIZE
-                if len(block) < header or len(block) < header + records.HEADER.unpack_from(
-                        block)[2]:
-                    raise _WouldWait  # the thread reads it (and tells damage from a miss)
-            return block
-
+        It reads with this log's own open files, and keeps the block read last for the
+        next call (a read-ahead asks for the locations that follow the last one's)."""
+        if self._cached_reader is None:
+            self._cached_reader = Reader(self.batches, self._pread_cached)
         try:
-            return Reader(self.batches, read).messages(locs)
+            return self._cached_reader.messages(locs)
         except _WouldWait:
             return None
+
+    def _pread_cached(self, seg: int, size: int, offset: int) -> bytes:
+        fd = self._readers.get(seg)
+        if fd is None:
+            fd = self._readers[seg] = self.files.open(str(self.path(seg)), os.O_RDONLY)
+        block = self.files.pread_cached(fd, size, offset)
+        if block is None:
+            raise _WouldWait
+        if len(block) < size:  # the file's end, or only part of the range is cached
+            header = records.HEADER_SIZE
+            if len(block) < header or len(block) < header + records.HEADER.unpack_from(
+                    block)[2]:
+                raise _WouldWait  # the thread reads it (and tells damage from a miss)
+        return block
 
     def hold(self, seg: int, count: int = 1) -> None:
         self.refs[seg] = self.refs.get(seg, 0) + count
@@ -308,6 +315,25 @@ class TopicLog:
         self.abandon()
 
 
+def _messages(batch: records.Batch, first: int, count: int, loc: int) -> list[Message]:
+    """Messages ``first`` to ``first + count`` of ``batch``, the first at ``loc``: the ids
+    split and the bodies cut in one pass each."""
+    ids = bytes.fromhex(batch.ids[16 * first:16 * (first + count)]).hex(" ", 8).split(" ")
+    data, size = batch.data, batch.body_size
+    if size:  # bodies all as long (a format of ``count`` fields of that size, cached)
+        bodies = unpack_from(f"{size}s" * count, data, batch.bounds[first])
+    else:
+        bounds = batch.bounds[first:first + count + 1]
+        bodies = [data[start:stop] for start, stop in zip(bounds, islice(bounds, 1, None))]
+    msgs = list(map(Message, ids, bodies, batch.timestamps[first:first + count]))
+    for msg, at in zip(msgs, range(loc, loc + count)):
+        msg.loc = at
+    if batch.expires is not None:
+        for msg, expires in zip(msgs, batch.expires[first:first + count]):
+            msg.expires = expires
+    return msgs
+
+
 class Reader:
     """Messages by location, from blocks of a log read ``READ_AHEAD`` bytes at a time
     with ``read(segment, size, offset)``: locations asked for in log order cost one read
@@ -328,27 +354,34 @@ class Reader:
         out: list[Message | None] = []
         append = out.append
         batch_loc, batch_n, batch = self.batch_loc, self.batch_n, self.batch
-        for loc in locs:
+        j, total = 0, len(locs)
+        while j < total:
+            loc = locs[j]
             i = loc - batch_loc
             if not 0 <= i < batch_n:
                 found = self._batch_at(loc) if self.batches else None
                 if found is None:
                     append(self._record_at(loc))
+                    j += 1
                     continue
                 batch_loc, batch_n = found
                 batch = self._read_batch(batch_loc)
                 self.batch_loc, self.batch_n, self.batch = batch_loc, batch_n, batch
                 i = loc - batch_loc
+            # The run of locations that follow one another in this batch (the usual
+            # case: a read-ahead asks for whole batches), built in bulk.
+            count = min(batch_n - i, total - j)
+            if count > 1 and locs[j + count - 1] != loc + count - 1 or (
+                    count > 2 and list(locs[j:j + count]) != list(range(loc, loc + count))):
+                count = 1
+                while j + count < total and i + count < batch_n and (
+                        locs[j + count] == loc + count):
+                    count += 1
+            j += count
             if batch is None:
-                append(None)
+                out += [None] * count
                 continue
-            bounds = batch.bounds
-            msg = Message(batch.ids[16 * i:16 * i + 16], batch.data[bounds[i]:bounds[i + 1]],
-                          batch.timestamps[i])
-            msg.loc = loc
-            if batch.expires is not None:
-                msg.expires = batch.expires[i]
-            append(msg)
+            out += _messages(batch, i, count, loc)
         return out
 
     def _batch_at(self, loc: int) -> tuple[int, int] | None:
