@@ -1,7 +1,7 @@
 """Spark end-to-end latency: publish -> row committed in a sink, at a steady rate.
 
     python benchmarks/spark_latency.py [--rate 1000] [--seconds 20] [--warm-up 5]
-                                       [--segments 2] [--rounds 1]
+                                       [--segments 4] [--rounds 1]
 
 Two streams run one after the other in one Spark session (``local[2]``), each
 with ``trigger(processingTime="0 seconds")`` (the next micro-batch starts as soon
@@ -18,13 +18,14 @@ records, for every row of the batch, the time now minus the time in its body.
 Rows published in the first ``--warm-up`` seconds of a stream are not counted. The
 figures are p50 and p99 of those latencies, in milliseconds.
 
-The two sources take turns, ``--segments`` times each (default 2), in the order
+The two sources take turns, ``--segments`` times each (default 4), in the order
 pynsq, memory, memory, pynsq, ...: each segment a new query measured for
 ``--seconds / --segments`` after its warm-up, the latencies of a source's segments
-pooled. On a shared machine the load drifts over a minute; measured one after the
-other, one source would get the quiet half and the other the busy one, and the ratio
-would say more about the machine than the source. Taking turns, both see the same
-drift (and neither alone gets the JVM still cold).
+pooled. On a shared machine the load swings within half a minute (a batch's cycle
+doubling, Spark's own log writes included); measured one after the other, one source
+would get the quiet spell and the other the busy one, and the ratio would say more
+about the machine than the source. Taking turns often, both see the same swings (and
+neither alone gets the JVM still cold).
 """
 
 from __future__ import annotations
@@ -251,7 +252,7 @@ class Publisher(threading.Thread):
 
 
 def run(spark, seconds: float, warm_up: float, rate: float = 1000, partitions: int = 2,
-        segments: int = 2) -> dict:
+        segments: int = 4) -> dict:
     """Both sources, taking turns ``segments`` times each (pynsq, memory, memory, pynsq,
     ...), each segment measured for ``seconds / segments`` after its warm-up."""
     spark.dataSource.register(LatencySink)
@@ -304,7 +305,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1000)
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--warm-up", type=float, default=5)
-    parser.add_argument("--segments", type=int, default=2,
+    parser.add_argument("--segments", type=int, default=4,
                         help="turns each source takes (pynsq, memory, memory, pynsq, ...)")
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
