@@ -386,24 +386,25 @@ class LeaseKeeper:
             else:
                 fins = self._take_fins(*finish_through)
         finished: dict[str, object] = {}
+        tried: set[str] = set()  # brokers sent their FINs (answered or not)
         try:
             if fins is not None:
                 # Those that cannot take them with their reserve (older brokers) first.
-                finished.update(self._send_fins(fins, [
-                    a for a in fins.by_address
-                    if a not in self._sessions or not self._sessions[a].reserve_finishes]))
-            leases = self._reserve(batch, wanted, max_bytes, fins, finished)
+                tried.update(a for a in fins.by_address
+                             if a not in self._sessions or not self._sessions[a].reserve_finishes)
+                finished.update(self._send_fins(fins, tried))
+            leases = self._reserve(batch, wanted, max_bytes, fins, finished, tried)
             if fins is not None:
                 # Those not reserved from (no share left for them, not listed any more).
                 finished.update(self._send_fins(
-                    fins, [a for a in fins.by_address if a not in finished]))
+                    fins, [a for a in fins.by_address if a not in tried]))
             return leases
         finally:
             if fins is not None:
                 self._settle_fins(fins, finished)
 
     def _reserve(self, batch: int, wanted: int, max_bytes: int, fins: "_Fins | None",
-                 finished: dict[str, object]) -> dict[str, dict]:
+                 finished: dict[str, object], tried: set[str]) -> dict[str, dict]:
         if self._fleet is not None or not self.options.fail_on_data_loss:
             self._connect()
         target = self.target
@@ -431,8 +432,9 @@ class LeaseKeeper:
                     continue
                 byte_budget = min(bytes_left, byte_share) if first_pass else bytes_left
                 fin = (sorted(fins.by_address.get(address, ()))
-                       if fins is not None and address not in finished
-                       and self._sessions[address].reserve_finishes else [])
+                       if fins is not None and address not in tried else [])
+                if fin:
+                    tried.add(address)
                 got = self._each_broker([address],
                                         lambda s: s.reserve(budget, byte_budget, fin), "reserve")
                 if address not in got:
