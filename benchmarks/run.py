@@ -32,7 +32,7 @@ FULL = {"grpc": 200_000, "tcp": 400_000, "spark": 1_000_000, "writers": 1_000_00
         "queued": 1_000_000, "latency": 3000, "nsq_runfor": "5s", "nsq_rounds": 3,
         "scaling": 50_000, "tls": 200_000}
 QUICK = {"grpc": 20_000, "tcp": 40_000, "spark": 50_000, "writers": 20_000,
-         "spark_latency_s": 5, "spark_warm_up_s": 5,
+         "spark_latency_s": 5, "spark_warm_up_s": 5, "spark_latency_segments": 2,
          "durable": 20_000, "durable_rounds": 1,
          "queued": 50_000, "latency": 500, "nsq_runfor": "2s", "nsq_rounds": 1,
          "scaling": 5_000, "tls": 20_000}
@@ -43,8 +43,10 @@ SMOKE = {"grpc": 2_000, "tcp": 4_000, "spark": 2_000, "writers": 2_000,
          "queued": 2_000, "latency": 100, "nsq_runfor": "1s", "nsq_rounds": 1,
          "scaling": 200, "tls": 2_000, "settle": 0.0,
          # One memory-source run for each Spark ratio (not one before and one after the
-         # pynsq reads), no warm-up, and "batches of" in two batches.
-         "spark_memory_after": False, "spark_warm_up": False, "spark_small_batches": 2}
+         # pynsq reads), no warm-up, "batches of" in two batches, and the latency's
+         # sources one turn each.
+         "spark_memory_after": False, "spark_warm_up": False, "spark_small_batches": 2,
+         "spark_latency_segments": 1}
 
 
 GOAL = re.compile(r"^(ratio )?(>=|<=) ([\d.]+)")
@@ -90,7 +92,8 @@ def spark_rows(sizes: dict, spark=None) -> list[dict]:
                              warm_up=sizes.get("spark_warm_up", True),
                              small_batches=sizes.get("spark_small_batches", 10))
         rate = spark_source.rate_micro_batch(spark, sizes["spark"])
-        lat = spark_latency.run(spark, sizes["spark_latency_s"], sizes["spark_warm_up_s"])
+        lat = spark_latency.run(spark, sizes["spark_latency_s"], sizes["spark_warm_up_s"],
+                                segments=sizes.get("spark_latency_segments", 4))
         w = writers.run(spark, sizes["writers"], 2)
     finally:
         if own:

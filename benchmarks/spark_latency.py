@@ -1,6 +1,7 @@
 """Spark end-to-end latency: publish -> row committed in a sink, at a steady rate.
 
     python benchmarks/spark_latency.py [--rate 1000] [--seconds 20] [--warm-up 5]
+                                       [--segments 4] [--rounds 1]
 
 Two streams run one after the other in one Spark session (``local[2]``), each
 with ``trigger(processingTime="0 seconds")`` (the next micro-batch starts as soon
@@ -14,8 +15,17 @@ as the last one ends) into the same sink:
 
 The sink's ``commit`` (on the driver, once the batch's tasks have all written)
 records, for every row of the batch, the time now minus the time in its body.
-Rows published in the first ``--warm-up`` seconds are not counted. The figures
-are p50 and p99 of those latencies, in milliseconds.
+Rows published in the first ``--warm-up`` seconds of a stream are not counted. The
+figures are p50 and p99 of those latencies, in milliseconds.
+
+The two sources take turns, ``--segments`` times each (default 4), in the order
+pynsq, memory, memory, pynsq, ...: each segment a new query measured for
+``--seconds / --segments`` after its warm-up, the latencies of a source's segments
+pooled. On a shared machine the load swings within half a minute (a batch's cycle
+doubling, Spark's own log writes included); measured one after the other, one source
+would get the quiet spell and the other the busy one, and the ratio would say more
+about the machine than the source. Taking turns often, both see the same swings (and
+neither alone gets the JVM still cold).
 """
 
 from __future__ import annotations
@@ -161,10 +171,10 @@ def percentiles(latencies: list[float]) -> dict:
             "max_ms": round(latencies[-1], 1)}
 
 
-def measure(df, seconds: float, warm_up: float) -> tuple[dict, dict]:
-    """Run ``df`` into the latency sink: percentiles of the rows published in the
-    ``seconds`` after a warm-up (counted from the first batch with rows), and Spark's
-    phases per batch of those seconds (means, ms)."""
+def measure(df, seconds: float, warm_up: float) -> tuple[list[float], list[dict]]:
+    """Run ``df`` into the latency sink: the latencies (ms, sorted) of the rows
+    published in the ``seconds`` after a warm-up (counted from the first batch with
+    rows), and Spark's progress reports of the batches of those seconds."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "latencies"
         query = (df.writeStream.format("pynsq_bench_latency").option("path", str(path))
@@ -189,14 +199,18 @@ def measure(df, seconds: float, warm_up: float) -> tuple[dict, dict]:
                 context.setLogLevel("ERROR")
         progress = [p for p in query.recentProgress
                     if p["numInputRows"] and since <= _epoch(p["timestamp"]) < until]
-        latencies = read_latencies(path, since, until)
+        return read_latencies(path, since, until), progress
+
+
+def per_batch(progress: list[dict]) -> dict:
+    """Spark's phases per batch (means, ms) and rows per batch."""
     phases: dict = {}
     for p in progress:
         for phase, ms in p["durationMs"].items():
             phases[phase] = phases.get(phase, 0) + ms
-    per_batch = {k: round(v / max(1, len(progress))) for k, v in phases.items()}
-    per_batch["rows"] = round(sum(p["numInputRows"] for p in progress) / max(1, len(progress)))
-    return percentiles(latencies), per_batch
+    means = {k: round(v / max(1, len(progress))) for k, v in phases.items()}
+    means["rows"] = round(sum(p["numInputRows"] for p in progress) / max(1, len(progress)))
+    return means
 
 
 def wait_for(condition, timeout: float) -> None:
@@ -237,29 +251,53 @@ class Publisher(threading.Thread):
         self.client.close()
 
 
-def run(spark, seconds: float, warm_up: float, rate: float = 1000, partitions: int = 2) -> dict:
+def run(spark, seconds: float, warm_up: float, rate: float = 1000, partitions: int = 2,
+        segments: int = 4) -> dict:
+    """Both sources, taking turns ``segments`` times each (pynsq, memory, memory, pynsq,
+    ...), each segment measured for ``seconds / segments`` after its warm-up."""
     spark.dataSource.register(LatencySink)
     spark.dataSource.register(PacedSource)
+    segments = max(1, segments)
+    share = seconds / segments
+    found: dict[str, list[float]] = {"pynsq": [], "memory": []}
+    progress: dict[str, list[dict]] = {"pynsq": [], "memory": []}
     proc, address = start_pynsqd("--msg-timeout", "60s")
     try:
         with Client(address) as client:
             client.admin("channel", "create", "latency", "spark")
-        publisher = Publisher(address, "latency", rate)
-        publisher.start()
+        for turn in range(2 * segments):
+            source = "pynsq" if turn % 4 in (0, 3) else "memory"
+            if source == "pynsq":
+                latencies, batches = _pynsq_segment(spark, address, share, warm_up, rate,
+                                                    partitions)
+            else:
+                memory_df = (spark.readStream.format("pynsq_bench_paced")
+                             .option("start", time.time()).option("rate", rate)
+                             .option("partitions", partitions).load())
+                latencies, batches = measure(memory_df, share, warm_up)
+            found[source] += latencies
+            progress[source] += batches
+    finally:
+        stop(proc)
+    return {"rate": rate, "seconds": seconds, "segments": segments,
+            "pynsq": percentiles(sorted(found["pynsq"])),
+            "memory": percentiles(sorted(found["memory"])),
+            "pynsq_per_batch_ms": per_batch(progress["pynsq"]),
+            "memory_per_batch_ms": per_batch(progress["memory"])}
+
+
+def _pynsq_segment(spark, address: str, seconds: float, warm_up: float, rate: float,
+                   partitions: int) -> tuple[list[float], list[dict]]:
+    # Published only while this segment's query runs: no backlog waits for the next one.
+    publisher = Publisher(address, "latency", rate)
+    publisher.start()
+    try:
         df = (spark.readStream.format("pynsq").option("address", address)
               .option("topic", "latency").option("channel", "spark")
               .option("numPartitions", partitions).load())
-        try:
-            pynsq, pynsq_batches = measure(df, seconds, warm_up)
-        finally:
-            publisher.stop()
+        return measure(df, seconds, warm_up)
     finally:
-        stop(proc)
-    memory_df = (spark.readStream.format("pynsq_bench_paced").option("start", time.time())
-                 .option("rate", rate).option("partitions", partitions).load())
-    memory, memory_batches = measure(memory_df, seconds, warm_up)
-    return {"rate": rate, "seconds": seconds, "pynsq": pynsq, "memory": memory,
-            "pynsq_per_batch_ms": pynsq_batches, "memory_per_batch_ms": memory_batches}
+        publisher.stop()
 
 
 def main() -> None:
@@ -267,6 +305,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1000)
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--warm-up", type=float, default=5)
+    parser.add_argument("--segments", type=int, default=4,
+                        help="turns each source takes (pynsq, memory, memory, pynsq, ...)")
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     spark = (SparkSession.builder.master("local[2]").appName("pynsq-bench-latency")
@@ -274,7 +314,7 @@ def main() -> None:
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     for _ in range(args.rounds):
-        result = run(spark, args.seconds, args.warm_up, args.rate)
+        result = run(spark, args.seconds, args.warm_up, args.rate, segments=args.segments)
         result["load1"] = round(os.getloadavg()[0], 2)
         print(json.dumps(result), flush=True)
     spark.stop()

@@ -268,11 +268,16 @@ class Broker:
         return self.reserve_result(reservation)
 
     def begin_reserve(self, session_id: str, topic: str, channel: str, max_messages: int,
-                      msg_timeout_ms: int = 0, max_bytes: int = 0) -> Reservation:
+                      msg_timeout_ms: int = 0, max_bytes: int = 0,
+                      finish: Iterable[str] = ()) -> Reservation:
         """Check a reserve and take its first step (see ``reserve``); ``reserve_step``
         takes the next ones, each bounded, and ``reserve_result`` gives what it made.
         Between steps the loop serves others: the lease is registered with its session
-        from the first step on, so a session that ends meanwhile requeues it."""
+        from the first step on, so a session that ends meanwhile requeues it.
+
+        ``finish``: leases to FIN first, as ``finish_leases`` does (its answer is the
+        reservation's ``finished``), once the reserve is known valid and before any
+        message is taken: what of them was requeued and waits is not leased again."""
         session = self._sessions.get(session_id)
         if session is None:
             raise LeaseNotFound(f"lease session {session_id!r} does not exist (it ended)")
@@ -283,10 +288,12 @@ class Broker:
         check_topic_name(topic)
         check_channel_name(channel)
         ch = self.get_or_create_topic(topic).get_or_create_channel(channel)
+        finished = self.finish_leases(finish) if finish else (0, [])
         lease = Lease(session, msg_timeout=self.msg_timeout(msg_timeout_ms))
         lease.channel = ch
         reservation = Reservation(lease, ch, max_messages, max_bytes,
                                   max(RESERVE_STEP_BYTES, self.options.max_msg_size))
+        reservation.finished = finished
         if reservation.step():
             session.leases[lease.lease_id] = lease
             self._leases[lease.lease_id] = lease

@@ -263,6 +263,8 @@ class Reservation:
         self.step_bytes = max(1, step_bytes)
         self.bytes = 0          # body bytes taken so far
         self.done = False
+        # (messages finished, leases missing) of the leases FINed before it began.
+        self.finished: tuple[int, list[str]] = (0, [])
 
     def step(self) -> int:
         """Take the next bounded part; returns how many messages it took. The first step

@@ -128,20 +128,22 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         keeper = self.keeper
         batch = int(start.get("batch", 0))
-        # Spark has committed ``start``: FIN it, and only then reserve. Not both at once: a
-        # lease of ``start`` that was requeued since (it timed out, its broker restarted)
-        # has its messages waiting in the channel, and the FIN must take them back before
-        # a reserve can lease them to the next batch (they would be read twice).
-        keeper.finish_through(batch, start.get("leases", {}))
+        # Spark has committed ``start``: FIN it, and only then reserve. A lease of ``start``
+        # that was requeued since (it timed out, its broker restarted) has its messages
+        # waiting in the channel, and the FIN must take them back before a reserve can
+        # lease them to the next batch (they would be read twice). Each broker gets both
+        # in one call, which FINs first and then reserves.
         planned = keeper.planned(batch + 1)
         if planned is not None:
+            keeper.finish_through(batch, start.get("leases", {}))
             return planned
         # Every batch is bounded: Spark's limit if it gives one, else the options'.
         o = self.options
         wanted = limit.max_rows if isinstance(limit, ReadMaxRows) else o.max_messages_per_trigger
         max_bytes = (limit.max_bytes if isinstance(limit, ReadMaxBytes)
                      else o.max_bytes_per_trigger)
-        leases = keeper.reserve(batch + 1, wanted, max_bytes)
+        leases = keeper.reserve(batch + 1, wanted, max_bytes,
+                                finish_through=(batch, start.get("leases", {})))
         if not leases:
             return start
         return {"batch": batch + 1, "leases": leases}

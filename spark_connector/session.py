@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from broker.client import BrokerUnavailable, Client, ClientError, LeaseSession
@@ -49,6 +50,14 @@ class DataLoss(RuntimeError):
     """Messages a batch planned to read are gone for good (``failOnDataLoss``)."""
 
 
+@dataclass
+class _Fins:
+    """FINs to send: lease ids by broker address, and their offsets' entries by id."""
+
+    by_address: dict[str, set[str]]
+    made_by: dict[str, dict]
+
+
 class _BrokerSession:
     """A client of one broker and the lease session held open on it."""
 
@@ -67,9 +76,12 @@ class _BrokerSession:
         # Whether the broker keeps messages across a restart (--data-path): a lease made by
         # an earlier instance of a memory-only broker took its messages with it.
         self.durable = True
+        # Whether its Reserve FINs the leases named with it first (one round trip a trigger).
+        self.reserve_finishes = False
         try:
             self.client.ping(timeout=options.timeout_ms / 1000)
-            self.durable = self.client.info().durable
+            info = self.client.info()
+            self.durable, self.reserve_finishes = info.durable, info.reserve_finishes
             self.open()
         except BrokerUnavailable as err:
             self.client.close()
@@ -157,18 +169,24 @@ class _BrokerSession:
                 self._closed.wait(min(0.2, max(0.0, deadline - time.monotonic())))
         return False
 
-    def reserve(self, max_messages: int, max_bytes: int) -> tuple[str, int, int]:
+    def reserve(self, max_messages: int, max_bytes: int,
+                finish: list[str] = ()) -> tuple[str, int, int, int, object]:
+        """(lease id, count, bytes, depth left, the FIN's reply or None). ``finish``: leases
+        the broker FINs before it reserves (only if it says ``reserve_finishes``)."""
         def call():
             return self.client.reserve(self.session.session_id, self.options.topic,
                                        self.options.channel, max_messages, max_bytes=max_bytes,
-                                       msg_timeout_ms=self.options.msg_timeout_ms)
+                                       msg_timeout_ms=self.options.msg_timeout_ms,
+                                       finish=finish)
         try:
             reply = call()
         except LeaseNotFound:
-            # The session ended (the broker restarted): open a new one and retry.
+            # The session ended (the broker restarted): open a new one and retry. The
+            # broker checks the session before it FINs: the first try FINed nothing.
             self.open()
             reply = call()
-        return reply.lease_id, reply.count, reply.bytes, reply.depth
+        return (reply.lease_id, reply.count, reply.bytes, reply.depth,
+                reply if finish else None)
 
     def adopt(self, lease_ids: list[str]) -> tuple[int, list[str]]:
         reply = self.client.adopt_leases(self.session.session_id, lease_ids)
@@ -346,12 +364,47 @@ class LeaseKeeper:
             leases = self._open.get(batch)
         return {"batch": batch, "leases": leases} if leases else None
 
-    def reserve(self, batch: int, wanted: int, max_bytes: int) -> dict[str, dict]:
+    def reserve(self, batch: int, wanted: int, max_bytes: int,
+                finish_through: tuple[int, dict[str, dict]] | None = None) -> dict[str, dict]:
         """Lease up to ``wanted`` messages (``max_bytes`` of bodies) for ``batch``, spread
         over the brokers: each is offered an equal share first, then what is left goes to
         those that filled their share. One that gave less had nothing more ready: it is
         not asked again (the messages published meanwhile are the next batch's), so a
-        batch holds one lease per broker unless another broker fell short."""
+        batch holds one lease per broker unless another broker fell short.
+
+        ``finish_through``: (batch, offset leases) to FIN first, as ``finish_through``
+        does. Each broker gets its FINs in its reserve's call, which it answers only after
+        FINing them (a committed lease requeued since gives its messages back before the
+        reserve could lease them again): one round trip a trigger, not two. A broker not
+        reserved from, or one that cannot (an older broker), gets them on their own first.
+        With availableNow they go first, on their own: what a FIN finds lost to a broker
+        restart is added back to what this reserve is to read."""
+        fins = None
+        if finish_through is not None:
+            if self.target is not None:
+                self.finish_through(*finish_through)
+            else:
+                fins = self._take_fins(*finish_through)
+        finished: dict[str, object] = {}
+        tried: set[str] = set()  # brokers sent their FINs (answered or not)
+        try:
+            if fins is not None:
+                # Those that cannot take them with their reserve (older brokers) first.
+                tried.update(a for a in fins.by_address
+                             if a not in self._sessions or not self._sessions[a].reserve_finishes)
+                finished.update(self._send_fins(fins, tried))
+            leases = self._reserve(batch, wanted, max_bytes, fins, finished, tried)
+            if fins is not None:
+                # Those not reserved from (no share left for them, not listed any more).
+                finished.update(self._send_fins(
+                    fins, [a for a in fins.by_address if a not in tried]))
+            return leases
+        finally:
+            if fins is not None:
+                self._settle_fins(fins, finished)
+
+    def _reserve(self, batch: int, wanted: int, max_bytes: int, fins: "_Fins | None",
+                 finished: dict[str, object], tried: set[str]) -> dict[str, dict]:
         if self._fleet is not None or not self.options.fail_on_data_loss:
             self._connect()
         target = self.target
@@ -378,12 +431,18 @@ class LeaseKeeper:
                 if budget <= 0:
                     continue
                 byte_budget = min(bytes_left, byte_share) if first_pass else bytes_left
-                got = self._each_broker([address], lambda s: s.reserve(budget, byte_budget),
-                                        "reserve")
+                fin = (sorted(fins.by_address.get(address, ()))
+                       if fins is not None and address not in tried else [])
+                if fin:
+                    tried.add(address)
+                got = self._each_broker([address],
+                                        lambda s: s.reserve(budget, byte_budget, fin), "reserve")
                 if address not in got:
                     short.add(address)
                     continue
-                lease_id, count, size, depths[address] = got[address]
+                lease_id, count, size, depths[address], fin_reply = got[address]
+                if fin:
+                    finished[address] = fin_reply
                 if count < budget and size < byte_budget:
                     short.add(address)
                 if not lease_id:
@@ -466,6 +525,11 @@ class LeaseKeeper:
     def finish_through(self, batch: int, offset_leases: dict[str, dict]) -> None:
         """FIN the leases of every batch up to ``batch``, and those the offset names
         (held, or requeued since: the broker FINs what of them still waits)."""
+        fins = self._take_fins(batch, offset_leases)
+        self._settle_fins(fins, self._send_fins(fins, fins.by_address))
+
+    def _take_fins(self, batch: int, offset_leases: dict[str, dict]) -> "_Fins":
+        """The FINs to send now: ``finish_through``'s leases, and those whose FIN failed."""
         with self._lock:
             done = [b for b in self._open if b <= batch]
             groups = [self._open.pop(b) for b in done]
@@ -476,14 +540,23 @@ class LeaseKeeper:
             for leases in groups:
                 for lease in leases.values():
                     by_address.setdefault(lease["address"], set()).add(lease["lease"])
+            made_by = {**self._unfinished_leases,
+                       **{lease["lease"]: lease for leases in groups for lease in leases.values()}}
+            self._unfinished_leases = {}
+        return _Fins(by_address, made_by)
+
+    def _send_fins(self, fins: "_Fins", addresses: Iterable[str]) -> dict[str, object]:
         # A FIN that does not get through loses nothing: it is kept and sent with the next
         # commit (its messages may be read again meanwhile), so it never fails the query.
-        made_by = {**self._unfinished_leases,
-                   **{lease["lease"]: lease for leases in groups for lease in leases.values()}}
-        self._unfinished_leases = {}
-        finished = self._each_broker(
-            by_address, lambda s: s.client.finish_leases(sorted(by_address[s.address])), "FIN",
+        return self._each_broker(
+            [a for a in addresses if fins.by_address.get(a)],
+            lambda s: s.client.finish_leases(sorted(fins.by_address[s.address])), "FIN",
             may_fail_query=False)
+
+    def _settle_fins(self, fins: "_Fins", finished: dict[str, object]) -> None:
+        """Record the answers (``finished``: address -> reply with ``missing``) to ``fins``;
+        the FINs of a broker that did not answer are kept for the next commit."""
+        by_address, made_by = fins.by_address, fins.made_by
         for address, reply in finished.items():
             # A lease the broker does not know, made by an instance of it since restarted:
             # a durable broker has its messages back in the channel (read again).

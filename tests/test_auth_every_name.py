@@ -41,6 +41,7 @@ class Right:
 
 PUB_T, PUB_D = Right("publish", "T"), Right("publish", "D")
 SUB_TC = Right("subscribe", "T", "C")
+SUB_TD = Right("subscribe", "T", "D")   # D as a channel of topic T
 OWNER, ACCEPTED = Right("owner"), Right("accepted")
 
 
@@ -79,7 +80,9 @@ GRPC: dict[str, dict[str, list[Right]] | None] = {
     "PauseChannel": {"topic, channel": [SUB_TC], IGNORED_SETTINGS: []},
     "UnpauseChannel": {"topic, channel": [SUB_TC], IGNORED_SETTINGS: []},
     "OpenLeaseSession": {"session_id": [OWNER]},
-    "Reserve": {"session_id": [OWNER], "topic, channel": [SUB_TC]},
+    # The lease it FINs first is of another channel (D) than the one it reserves from.
+    "Reserve": {"session_id": [OWNER], "topic, channel": [SUB_TC],
+                "finish_lease_ids": [OWNER, SUB_TD]},
     "FetchLease": {"lease_id": [OWNER, SUB_TC]},
     "FinishLeases": {"lease_ids": [OWNER, SUB_TC]},
     "RequeueLeases": {"lease_ids": [OWNER, SUB_TC]},
@@ -166,6 +169,15 @@ def _lease(owner: Client, n: Names, timed_out: bool = False) -> None:
                  10, message="the lease to time out")
 
 
+def _lease_of_channel_d(owner: Client, n: Names) -> None:
+    owner.create_channel(n.T, n.D)
+    owner.publish(n.T, b"m")
+    session = owner.open_lease_session("planner", grace_ms=60_000)
+    lease = owner.reserve(session.session_id, n.T, n.D, 10)
+    assert lease.count == 1
+    n.state.update(session=session, lease=lease.lease_id)
+
+
 def _session(owner: Client, n: Names) -> None:
     n.state["session"] = owner.open_lease_session("planner", grace_ms=60_000)
 
@@ -207,7 +219,8 @@ GRPC_ACTS: dict[str, tuple[Setup | None, Act]] = {
         a.lower())) for a in ("Delete", "Empty", "Pause", "Unpause")},
     "OpenLeaseSession": (_session, lambda c, n: c.open_lease_session(
         "resume", session_id=n.state["session"].session_id).close()),
-    "Reserve": (_session, lambda c, n: c.reserve(n.state["session"].session_id, n.T, n.C, 1)),
+    "Reserve": (_lease_of_channel_d, lambda c, n: c.reserve(
+        n.state["session"].session_id, n.T, n.C, 1, finish=[n.state["lease"]])),
     "FetchLease": (_lease, lambda c, n: list(c.fetch_lease(n.state["lease"]))),
     "FinishLeases": (_lease, lambda c, n: c.finish_leases([n.state["lease"]])),
     "FinishLeases of a lease that timed out": (
@@ -275,7 +288,7 @@ def grant(auth: AuthServer, rights: list[Right], identity: str) -> str:
 
 def owner_of(broker, auth: AuthServer, n: Names) -> Client:
     """The case's owner: every right on its names, the identity the tested secrets share."""
-    rights = [n.right(r) for r in (PUB_T, SUB_TC, PUB_D)]
+    rights = [n.right(r) for r in (PUB_T, SUB_TC, PUB_D, SUB_TD)]
     return Client(broker.address, auth_secret=grant(auth, rights, IDENTITY), timeout=10)
 
 

@@ -399,6 +399,54 @@ def test_a_fin_that_did_not_get_through_is_sent_with_the_next_commit(tmp_path):
         keeper.close()
 
 
+@pytest.mark.parametrize("reserve_finishes", [True, False],
+                         ids=["in_the_reserve", "an_older_broker_on_its_own_first"])
+def test_a_trigger_fins_the_committed_batch_then_reserves_in_one_call_per_broker(
+        broker, client, reserve_finishes):
+    """Each trigger FINs the batch Spark committed and reserves the next: a broker whose
+    Reserve FINs first (Info's ``reserve_finishes``) gets both in one call; an older one
+    gets a FinishLeases first. Either way a committed batch whose lease timed out (a hung
+    driver) is not read again by the next batch."""
+    from collections import Counter
+
+    def time_out() -> None:
+        broker.broker.topics["events"].channels["spark"].tick(time.monotonic() + 3600)
+
+    source = reader_of(broker.address, numPartitions="1")
+    offset = source.initialOffset()
+    [session] = source.keeper._sessions.values()
+    assert session.reserve_finishes  # this broker says it can
+    session.reserve_finishes = reserve_finishes
+    calls: list[str] = []
+    for name in ("reserve", "finish_leases"):
+        def counted(*args, _real=getattr(session.client, name), _name=name, **kwargs):
+            calls.append(_name)
+            return _real(*args, **kwargs)
+        setattr(session.client, name, counted)
+    published: set[str] = set()
+    read: list[str] = []
+    per_trigger: list[list[str]] = []
+    try:
+        for _ in range(6):
+            published |= set(client.multi_publish("events", [b"m"] * 20))
+            calls.clear()
+            end = source.latestOffset(offset, ReadMaxRows(1000))
+            per_trigger.append(list(calls))
+            read += [i for part in source.partitions(offset, end) for batch in source.read(part)
+                     for i in batch.column(0).to_pylist()]   # ... and the batch commits
+            offset = end
+            broker.call(time_out)                             # then its lease times out
+        end = source.latestOffset(offset, ReadMaxRows(1000))
+        read += [i for part in source.partitions(offset, end) for batch in source.read(part)
+                 for i in batch.column(0).to_pylist()]
+    finally:
+        source.stop()
+    twice = sum(n - 1 for n in Counter(read).values())
+    assert twice == 0 and set(read) == published, f"{twice} message(s) read twice"
+    one_trigger = ["reserve"] if reserve_finishes else ["finish_leases", "reserve"]
+    assert per_trigger == [["reserve"]] + [one_trigger] * 5
+
+
 def test_a_listed_broker_that_does_not_answer_info_is_left_out_and_logged(caplog):
     """nsqlookupd lists a broker whose HTTP port is gone (it stopped since it registered)."""
     import json

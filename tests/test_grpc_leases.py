@@ -104,6 +104,30 @@ def test_finishing_a_timed_out_lease_fins_its_messages_still_waiting(client, ses
     assert channel_stats(client, "events", "spark").depth == 4
 
 
+def test_a_reserve_fins_the_leases_named_with_it_before_it_reserves(client, session, published):
+    """A committed batch's lease that timed out has its messages waiting again: the reserve
+    that FINs it in the same call must not lease them to the next batch."""
+    lease = reserve(client, session[0], msg_timeout_ms=100)
+    wait_for(lambda: channel_stats(client, "events", "spark").timeout_count == 6)
+    assert client.info().reserve_finishes
+    nxt = client.reserve(session[0], "events", "spark", 100, msg_timeout_ms=60_000,
+                         finish=[lease.lease_id, "0123456789abcdef"])
+    assert (nxt.finished, list(nxt.missing)) == (6, ["0123456789abcdef"])
+    assert [row.body for row in fetch(client, nxt.lease_id)] == [f"m{i}".encode()
+                                                                 for i in range(6, 10)]
+    assert channel_stats(client, "events", "spark").finish_count == 6
+
+
+def test_a_reserve_refused_fins_none_of_the_leases_named_with_it(client, session, published):
+    lease = reserve(client, session[0])
+    with pytest.raises(LeaseNotFound):
+        client.reserve("no-such-session", "events", "spark", 10, finish=[lease.lease_id])
+    with pytest.raises(ClientError, match="max_messages"):
+        client.reserve(session[0], "events", "spark", 0, finish=[lease.lease_id])
+    assert client.touch_leases([lease.lease_id]).count == 6  # still held
+    assert channel_stats(client, "events", "spark").finish_count == 0
+
+
 def test_a_dropped_session_requeues_its_leases_after_its_grace_period(client, published):
     dropped = client.open_lease_session("planner", grace_ms=300)
     lease = reserve(client, dropped.session_id, msg_timeout_ms=600_000)

@@ -327,7 +327,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("version", "grpc_address", "start_time", "max_msg_size", "max_rdy_count", "msg_timeout_ms", "max_msg_timeout_ms", "max_req_timeout_ms", "durable", "workers")
+    __slots__ = ("version", "grpc_address", "start_time", "max_msg_size", "max_rdy_count", "msg_timeout_ms", "max_msg_timeout_ms", "max_req_timeout_ms", "durable", "workers", "reserve_finishes")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -338,6 +338,7 @@ class InfoResponse(_message.Message):
     MAX_REQ_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     DURABLE_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    RESERVE_FINISHES_FIELD_NUMBER: _ClassVar[int]
     version: str
     grpc_address: str
     start_time: int
@@ -348,7 +349,8 @@ class InfoResponse(_message.Message):
     max_req_timeout_ms: int
     durable: bool
     workers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, version: _Optional[str] = ..., grpc_address: _Optional[str] = ..., start_time: _Optional[int] = ..., max_msg_size: _Optional[int] = ..., max_rdy_count: _Optional[int] = ..., msg_timeout_ms: _Optional[int] = ..., max_msg_timeout_ms: _Optional[int] = ..., max_req_timeout_ms: _Optional[int] = ..., durable: _Optional[bool] = ..., workers: _Optional[_Iterable[str]] = ...) -> None: ...
+    reserve_finishes: bool
+    def __init__(self, version: _Optional[str] = ..., grpc_address: _Optional[str] = ..., start_time: _Optional[int] = ..., max_msg_size: _Optional[int] = ..., max_rdy_count: _Optional[int] = ..., msg_timeout_ms: _Optional[int] = ..., max_msg_timeout_ms: _Optional[int] = ..., max_req_timeout_ms: _Optional[int] = ..., durable: _Optional[bool] = ..., workers: _Optional[_Iterable[str]] = ..., reserve_finishes: _Optional[bool] = ...) -> None: ...
 
 class LeaseSessionRequest(_message.Message):
     __slots__ = ("client_id", "session_id", "grace_ms")
@@ -373,32 +375,38 @@ class LeaseSessionEvent(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., broker_id: _Optional[str] = ..., resumed: _Optional[bool] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("session_id", "topic", "channel", "max_messages", "msg_timeout_ms", "max_bytes")
+    __slots__ = ("session_id", "topic", "channel", "max_messages", "msg_timeout_ms", "max_bytes", "finish_lease_ids")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     CHANNEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MSG_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FINISH_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     topic: str
     channel: str
     max_messages: int
     msg_timeout_ms: int
     max_bytes: int
-    def __init__(self, session_id: _Optional[str] = ..., topic: _Optional[str] = ..., channel: _Optional[str] = ..., max_messages: _Optional[int] = ..., msg_timeout_ms: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+    finish_lease_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., topic: _Optional[str] = ..., channel: _Optional[str] = ..., max_messages: _Optional[int] = ..., msg_timeout_ms: _Optional[int] = ..., max_bytes: _Optional[int] = ..., finish_lease_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
-    __slots__ = ("lease_id", "count", "depth", "bytes")
+    __slots__ = ("lease_id", "count", "depth", "bytes", "finished", "missing")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     DEPTH_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     count: int
     depth: int
     bytes: int
-    def __init__(self, lease_id: _Optional[str] = ..., count: _Optional[int] = ..., depth: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+    finished: int
+    missing: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, lease_id: _Optional[str] = ..., count: _Optional[int] = ..., depth: _Optional[int] = ..., bytes: _Optional[int] = ..., finished: _Optional[int] = ..., missing: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class FetchLeaseRequest(_message.Message):
     __slots__ = ("lease_id", "partition", "num_partitions", "broker_id")

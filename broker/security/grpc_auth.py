@@ -20,7 +20,9 @@ CreateChannel                               ``subscribe`` on the channel; ``publ
                                             on its topic
 DeleteChannel ... UnpauseChannel            ``subscribe`` on the topic and channel
 OpenLeaseSession                            resuming: the principal that opened it
-Reserve                                     the session's principal, ``subscribe``
+Reserve                                     the session's principal, ``subscribe``; the
+                                            leases it FINs first (``finish_lease_ids``): as
+                                            FinishLeases
 FetchLease, Finish/Requeue/Touch/AdoptLeases each lease's principal (live or remembered)
                                             and ``subscribe`` on its topic and channel
                                             (AdoptLeases: the session's principal too)
@@ -61,7 +63,8 @@ def _leases(broker: Any, ids: Any, principal: str) -> list[rules.Need]:
 
 def _reserve(broker: Any, r: Any, principal: str) -> list[rules.Need]:
     rules.session(broker, r.session_id, principal)
-    return rules.subscribe(r.topic, r.channel)
+    # The leases it FINs first need what FinishLeases needs of them.
+    return rules.subscribe(r.topic, r.channel) + _leases(broker, r.finish_lease_ids, principal)
 
 
 def _resume(broker: Any, r: Any, principal: str) -> list[rules.Need]:

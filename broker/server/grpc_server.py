@@ -572,7 +572,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                                max_rdy_count=o.max_rdy_count, msg_timeout_ms=o.msg_timeout,
                                max_msg_timeout_ms=o.max_msg_timeout,
                                max_req_timeout_ms=o.max_req_timeout,
-                               durable=bool(o.data_path),
+                               durable=bool(o.data_path), reserve_finishes=True,
                                workers=[w["grpc"] for w in self.broker.workers])
 
     # -- leases -----------------------------------------------------------
@@ -598,7 +598,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         try:
             reservation = self.broker.begin_reserve(
                 request.session_id, request.topic, request.channel, request.max_messages,
-                request.msg_timeout_ms, request.max_bytes)
+                request.msg_timeout_ms, request.max_bytes, request.finish_lease_ids)
             try:
                 # Bounded steps, the loop served between them (a large reserve reads from disk).
                 while not reservation.done:
@@ -611,10 +611,11 @@ class BrokerService(pb_grpc.BrokerServicer):
             lease, depth = self.broker.reserve_result(reservation)
         except BrokerError as err:
             await abort(context, err)
+        finished, missing = reservation.finished
         if lease is None:
-            return pb.ReserveResponse(depth=depth)
+            return pb.ReserveResponse(depth=depth, finished=finished, missing=missing)
         return pb.ReserveResponse(lease_id=lease.lease_id, count=len(lease.order), depth=depth,
-                                  bytes=reservation.bytes)
+                                  bytes=reservation.bytes, finished=finished, missing=missing)
 
     async def FetchLease(self, request: pb.FetchLeaseRequest, context):
         n = request.num_partitions or 1
