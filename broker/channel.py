@@ -510,24 +510,28 @@ class Channel:
     def _take_ready(self, count: int, max_bytes: int) -> list[Message]:
         """Up to ``count`` messages off the ready queue, in order, stopping once their
         bodies reach ``max_bytes`` (0: no bound); those that must not be delivered
-        leave on the way (see ``_leaves``)."""
-        popleft = self._ready.popleft
-        limit = deadletter.max_attempts(self)
+        leave on the way (see ``_leaves``). In bulk while they are in memory, one at a
+        time from disk: the same messages as taking them one by one."""
+        ready = self._ready
         now_ns = self._clock.wall_ns()
         taken: list[Message] = []
-        append = taken.append
         size = 0
         while count > 0:
-            msg = popleft()
-            if msg is None:
-                break
-            # Only a message with an expiry, or any under a max_attempts, may have to leave.
-            if (msg.expires or limit) and self._leaves(msg, now_ns):
-                continue
-            append(msg)
-            count -= 1
+            msgs = ready.popleft_in_memory(count, max_bytes - size if max_bytes else 0)
+            if msgs:
+                # Those leaving count towards neither ``count`` nor ``max_bytes``: the
+                # next pass takes their place.
+                if not deadletter.all_deliverable(self, msgs, now_ns):
+                    msgs = [m for m in msgs if not self._leaves(m, now_ns)]
+            else:
+                msg = self._next_ready(wait=True, now_ns=now_ns)
+                if msg is None:
+                    break
+                msgs = [msg]
+            taken += msgs
+            count -= len(msgs)
             if max_bytes:
-                size += len(msg.body)
+                size += sum(map(len, map(_BODY, msgs)))
                 if size >= max_bytes:
                     break
         return taken
