@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from bisect import bisect_right
-from itertools import accumulate
+from itertools import accumulate, repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
@@ -283,14 +283,13 @@ class Channel:
 
     def finish_many(self, consumer: Consumer, msg_ids: Iterable[str]) -> list[NotInFlight]:
         """FIN several messages, refilling the consumer once; returns the failures."""
-        failures, finished = [], []
-        held = consumer.in_flight
-        for msg_id in msg_ids:
-            msg = held.pop(msg_id, None)
-            if msg is None:
-                failures.append(self._not_held(msg_id, "FIN"))
-            else:
-                finished.append(msg)
+        msg_ids = msg_ids if type(msg_ids) is list else list(msg_ids)
+        finished = list(map(consumer.in_flight.pop, msg_ids, repeat(None)))
+        failures = []
+        if None in finished:  # some not held (a repeat of an id FINed above included)
+            failures = [self._not_held(msg_id, "FIN")
+                        for msg_id, msg in zip(msg_ids, finished) if msg is None]
+            finished = [msg for msg in finished if msg is not None]
         self._finished(consumer, finished)
         self._pump()
         return failures
