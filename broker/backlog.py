@@ -29,6 +29,7 @@ from typing import Callable, Iterable, Iterator
 from .message import Message, Published
 
 _LOC, _ATTEMPTS, _BODY = attrgetter("loc"), attrgetter("attempts"), attrgetter("body")
+_NOTHING = object()  # what a backlog never holds
 # Messages of a run read from disk at once, ahead of the cursor.
 READ_AHEAD = 1024
 # Messages in memory past the limit that are still kept when put back at the front.
@@ -316,9 +317,10 @@ class Backlog:
             ends = list(accumulate(map(len, map(_BODY, head))))
             if ends[-1] >= max_bytes:
                 head = head[:bisect_left(ends, max_bytes) + 1]
-        pop = items.popleft
-        for _ in repeat(None, len(head)):
-            pop()
+        if len(head) == len(items):
+            items.clear()
+        else:  # popped in C: ``popleft`` called until ``len(head)`` are gone
+            deque(islice(iter(items.popleft, _NOTHING), len(head)), 0)
         self._in_memory -= len(head)
         self._len -= len(head)
         return head
