@@ -20,14 +20,16 @@ messages wait).
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 from collections import deque
-from itertools import islice, repeat
+from itertools import accumulate, islice, repeat
 from operator import attrgetter
 from typing import Callable, Iterable, Iterator
 
 from .message import Message, Published
 
-_LOC, _ATTEMPTS = attrgetter("loc"), attrgetter("attempts")
+_LOC, _ATTEMPTS, _BODY = attrgetter("loc"), attrgetter("attempts"), attrgetter("body")
+_NOTHING = object()  # what a backlog never holds
 # Messages of a run read from disk at once, ahead of the cursor.
 READ_AHEAD = 1024
 # Messages in memory past the limit that are still kept when put back at the front.
@@ -301,18 +303,24 @@ class Backlog:
                 return msg
         return None
 
-    def popleft_in_memory(self, limit: int) -> list[Message]:
+    def popleft_in_memory(self, limit: int, max_bytes: int = 0) -> list[Message]:
         """Up to ``limit`` messages off the front, as long as they are in memory: it stops
-        at the first that waits on disk (``popleft`` reads that one). In bulk, for a
-        lease taking many at once."""
+        at the first that waits on disk (``popleft`` reads that one). With ``max_bytes``
+        > 0 it also stops after the message whose body takes their bodies to
+        ``max_bytes``. In bulk, for a lease or a pump taking many at once."""
         items = self._items
         head = list(islice(items, limit))
         kinds = list(map(type, head))
         if OnDisk in kinds:
             head = head[:kinds.index(OnDisk)]
-        pop = items.popleft
-        for _ in repeat(None, len(head)):
-            pop()
+        if max_bytes and head:
+            ends = list(accumulate(map(len, map(_BODY, head))))
+            if ends[-1] >= max_bytes:
+                head = head[:bisect_left(ends, max_bytes) + 1]
+        if len(head) == len(items):
+            items.clear()
+        else:  # popped in C: ``popleft`` called until ``len(head)`` are gone
+            deque(islice(iter(items.popleft, _NOTHING), len(head)), 0)
         self._in_memory -= len(head)
         self._len -= len(head)
         return head

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from bisect import bisect_right
-from itertools import accumulate
+from itertools import accumulate, repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
@@ -283,14 +283,13 @@ class Channel:
 
     def finish_many(self, consumer: Consumer, msg_ids: Iterable[str]) -> list[NotInFlight]:
         """FIN several messages, refilling the consumer once; returns the failures."""
-        failures, finished = [], []
-        held = consumer.in_flight
-        for msg_id in msg_ids:
-            msg = held.pop(msg_id, None)
-            if msg is None:
-                failures.append(self._not_held(msg_id, "FIN"))
-            else:
-                finished.append(msg)
+        msg_ids = msg_ids if type(msg_ids) is list else list(msg_ids)
+        finished = list(map(consumer.in_flight.pop, msg_ids, repeat(None)))
+        failures = []
+        if None in finished:  # some not held (a repeat of an id FINed above included)
+            failures = [self._not_held(msg_id, "FIN")
+                        for msg_id, msg in zip(msg_ids, finished) if msg is None]
+            finished = [msg for msg in finished if msg is not None]
         self._finished(consumer, finished)
         self._pump()
         return failures
@@ -510,24 +509,28 @@ class Channel:
     def _take_ready(self, count: int, max_bytes: int) -> list[Message]:
         """Up to ``count`` messages off the ready queue, in order, stopping once their
         bodies reach ``max_bytes`` (0: no bound); those that must not be delivered
-        leave on the way (see ``_leaves``)."""
-        popleft = self._ready.popleft
-        limit = deadletter.max_attempts(self)
+        leave on the way (see ``_leaves``). In bulk while they are in memory, one at a
+        time from disk: the same messages as taking them one by one."""
+        ready = self._ready
         now_ns = self._clock.wall_ns()
         taken: list[Message] = []
-        append = taken.append
         size = 0
         while count > 0:
-            msg = popleft()
-            if msg is None:
-                break
-            # Only a message with an expiry, or any under a max_attempts, may have to leave.
-            if (msg.expires or limit) and self._leaves(msg, now_ns):
-                continue
-            append(msg)
-            count -= 1
+            msgs = ready.popleft_in_memory(count, max_bytes - size if max_bytes else 0)
+            if msgs:
+                # Those leaving count towards neither ``count`` nor ``max_bytes``: the
+                # next pass takes their place.
+                if not deadletter.all_deliverable(self, msgs, now_ns):
+                    msgs = [m for m in msgs if not self._leaves(m, now_ns)]
+            else:
+                msg = self._next_ready(wait=True, now_ns=now_ns)
+                if msg is None:
+                    break
+                msgs = [msg]
+            taken += msgs
+            count -= len(msgs)
             if max_bytes:
-                size += len(msg.body)
+                size += sum(map(len, map(_BODY, msgs)))
                 if size >= max_bytes:
                     break
         return taken

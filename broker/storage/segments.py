@@ -20,7 +20,7 @@ import os
 import zlib
 from array import array
 from bisect import bisect_right
-from itertools import islice
+from itertools import islice, repeat
 from pathlib import Path
 from struct import unpack_from
 from typing import Callable, Sequence
@@ -325,13 +325,12 @@ def _messages(batch: records.Batch, first: int, count: int, loc: int) -> list[Me
     else:
         bounds = batch.bounds[first:first + count + 1]
         bodies = [data[start:stop] for start, stop in zip(bounds, islice(bounds, 1, None))]
-    msgs = list(map(Message, ids, bodies, batch.timestamps[first:first + count]))
-    for msg, at in zip(msgs, range(loc, loc + count)):
-        msg.loc = at
-    if batch.expires is not None:
-        for msg, expires in zip(msgs, batch.expires[first:first + count]):
-            msg.expires = expires
-    return msgs
+    # Made with their locations (and expiries) at once: no pass over them after.
+    if batch.expires is None:
+        return list(map(Message, ids, bodies, batch.timestamps[first:first + count],
+                        repeat(0), range(loc, loc + count)))
+    return list(map(Message, ids, bodies, batch.timestamps[first:first + count],
+                    repeat(0), range(loc, loc + count), batch.expires[first:first + count]))
 
 
 class Reader:

@@ -45,6 +45,7 @@ from array import array
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import compress
 from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
@@ -227,7 +228,7 @@ class _Batch:
             return records.fins_of(self.channel, self.entries)
         # Messages delivered, with their count as it is now; a FINed one has no
         # location any more and needs none.
-        held = [m for m in self.entries if m.loc]
+        held = list(compress(self.entries, map(_loc, self.entries)))
         return records.attempts_of(self.channel, list(map(_id, held)),
                                    list(map(_attempts, held)))
 
