@@ -12,6 +12,15 @@ The public surface:
 
 __version__ = "0.1.0"
 
+import os  # noqa: E402
+
+# gRPC's fork handlers can kill a child forked while a channel or a server of this
+# process is busy, before the child execs (grpc/grpc#43055): PySpark starting its JVM
+# in a driver that already holds a client or an embedded broker, for one. pynsq never
+# forks without exec, so they are off unless the environment says otherwise. gRPC reads
+# this once, when it is first imported: it is set before anything here imports it.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 from .client import BrokerUnavailable, Client, ClientError  # noqa: E402
 from .errors import (BrokerError, ChannelNotFound, InvalidChannel, InvalidMessage,  # noqa: E402
                      InvalidRequest, InvalidTopic, LeaseNotFound, MessageTooBig, NotInFlight,
