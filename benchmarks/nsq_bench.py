@@ -16,7 +16,9 @@ when it is installed), and once more memory only (no ``--data-path``), which
 tells storage's share of its cost from the rest. Reported: msgs/s, and the
 broker's CPU time per message (from ``/proc``; steadier than msgs/s on a shared
 machine). The ratios are pynsqd ÷ nsqd from the same round; with ``--rounds`` each
-figure and ratio is the median over the rounds.
+figure and ratio is the median over the rounds, but for the ratios of CPU per message
+(``cpu_ratios_worst``): the highest round's, since the goal is to be at or under
+nsqd's in every round.
 
 NSQ's binaries are looked for in ``$NSQ_BIN``, else ``../shared/nsq/bin``
 beside the repository; when they are absent the benchmark says so and skips.
@@ -142,12 +144,46 @@ def one_round(folder: Path, runfor: str, loops: list[str]) -> dict:
     memory = run_pynsqd(folder, runfor, loops[0], durable=False)
     durable = by_loop[loops[0]]
     return {"nsqd": nsqd, "nsqd_memory": nsqd_memory, "by_event_loop": by_loop,
+            "cpu_ratios": cpu_ratios({"pynsqd": durable, "pynsqd_memory_only": memory,
+                                      "nsqd": nsqd, "nsqd_memory": nsqd_memory}),
             "durable_vs_nsqd_memory": {
                 f"{kind}_ratio": round(durable[f"{kind}_msgs_per_s"]
                                        / nsqd_memory[f"{kind}_msgs_per_s"], 3)
                 for kind in ("write", "read")},
             "pynsqd_memory_only": {**memory, "read_ratio": round(
                 memory["read_msgs_per_s"] / nsqd["read_msgs_per_s"], 3)}}
+
+
+# pynsqd's CPU per message ÷ nsqd's, in one round: each pynsqd setup against the nsqd
+# setup a user would compare it with (keys of ``run``'s result; how a row names them).
+CPU_COMPARISONS = {
+    "durable_vs_nsqd": ("pynsqd", "nsqd", "pynsqd durable ÷ nsqd spilling"),
+    "durable_vs_nsqd_memory": ("pynsqd", "nsqd_memory", "pynsqd durable ÷ nsqd in memory"),
+    "memory_only_vs_nsqd_memory": ("pynsqd_memory_only", "nsqd_memory",
+                                   "pynsqd memory-only ÷ nsqd in memory"),
+}
+
+
+def cpu_ratios(setups: dict[str, dict]) -> dict:
+    """Each of ``CPU_COMPARISONS``: pynsqd's CPU µs per message ÷ nsqd's, write and read,
+    from ``setups`` (figures by the keys ``CPU_COMPARISONS`` names)."""
+    out = {}
+    for name, (ours, theirs, _) in CPU_COMPARISONS.items():
+        out[name] = {}
+        for kind in ("write", "read"):
+            mine, other = (setups[ours][f"{kind}_cpu_us_per_msg"],
+                           setups[theirs][f"{kind}_cpu_us_per_msg"])
+            out[name][kind] = round(mine / other, 3) if other else None
+    return out
+
+
+def worst_cpu_ratios(rounds: list[dict]) -> dict:
+    """Each CPU ratio's highest over the rounds: "at or under nsqd's in every round"
+    holds when the worst round's is at most 1."""
+    return {name: {kind: max((r["cpu_ratios"][name][kind] for r in rounds
+                              if r["cpu_ratios"][name][kind] is not None), default=None)
+                   for kind in ("write", "read")}
+            for name in CPU_COMPARISONS}
 
 
 def medians(results: list[dict]) -> dict:
@@ -168,21 +204,24 @@ def run(runfor: str = "10s", explicit_bin: str | None = None,
     (default: ``event_loops()``), then pynsqd memory only under the first; each figure
     is the median over the rounds. {"skipped": reason} when NSQ's binaries are absent.
     ``pynsqd`` and the ratios are the first loop's; ``by_event_loop`` has every loop's
-    figures and ratios; ``pynsqd_memory_only`` its figures and read ratio."""
+    figures and ratios; ``pynsqd_memory_only`` its figures and read ratio;
+    ``cpu_ratios_worst`` each ``CPU_COMPARISONS`` ratio's highest round."""
     folder = nsq_bin(explicit_bin)
     if folder is None:
         return {"skipped": "NSQ's binaries (nsqd, bench_writer, bench_reader) were not found: "
                            "set NSQ_BIN to their folder"}
     halved(runfor)  # a bad duration fails here, before any broker starts
     loops = loops or event_loops()
-    r = medians([one_round(folder, runfor, loops) for _ in range(max(1, rounds))])
+    each = [one_round(folder, runfor, loops) for _ in range(max(1, rounds))]
+    r = medians(each)
     first = r["by_event_loop"][loops[0]]
     return {"runfor": runfor, "rounds": max(1, rounds), "nsqd": r["nsqd"],
             "pynsqd": {k: v for k, v in first.items() if not k.endswith("_ratio")},
             "write_ratio": first["write_ratio"], "read_ratio": first["read_ratio"],
             "by_event_loop": r["by_event_loop"],
             "pynsqd_memory_only": r["pynsqd_memory_only"],
-            "nsqd_memory": r["nsqd_memory"], "durable_vs_nsqd_memory": r["durable_vs_nsqd_memory"]}
+            "nsqd_memory": r["nsqd_memory"], "durable_vs_nsqd_memory": r["durable_vs_nsqd_memory"],
+            "cpu_ratios_worst": worst_cpu_ratios(each)}
 
 
 def main() -> None:

@@ -52,8 +52,11 @@ SMOKE = {"grpc": 2_000, "tcp": 4_000, "spark": 2_000, "writers": 2_000,
 GOAL = re.compile(r"^(ratio )?(>=|<=) ([\d.]+)")
 
 
-def row(name: str, value: float, unit: str, baseline: float | None, goal: str) -> dict:
-    ratio = round(value / baseline, 3) if baseline else None
+def row(name: str, value: float, unit: str, baseline: float | None, goal: str,
+        ratio: float | None = None) -> dict:
+    """A row; its ratio is ``value / baseline`` unless given (a worst round's, say)."""
+    if ratio is None:
+        ratio = round(value / baseline, 3) if baseline else None
     r = {"figure": name, "value": value, "unit": unit, "baseline": baseline,
          "ratio": ratio, "goal": goal}
     r["met"] = goal_met(r)
@@ -151,6 +154,13 @@ def nsq_rows(sizes: dict) -> list[dict]:
                     f"storage's share of the read; CPU us/msg "
                     f"{memory['read_cpu_us_per_msg']:.2f} vs nsqd "
                     f"{nsqd['read_cpu_us_per_msg']:.2f}{of}"))
+    # CPU per message at or under nsqd's in every round: the worst round's ratio.
+    for name, (ours, theirs, label) in nsq_bench.CPU_COMPARISONS.items():
+        for kind, tool in (("write", "bench_writer"), ("read", "bench_reader")):
+            rows.append(row(f"CPU/msg {tool}: {label}", r[ours][f"{kind}_cpu_us_per_msg"],
+                            "us/msg", r[theirs][f"{kind}_cpu_us_per_msg"],
+                            f"ratio <= 1.0 in every round (the worst of {r['rounds']}; "
+                            "figures: medians)", ratio=r["cpu_ratios_worst"][name][kind]))
     return rows
 
 
@@ -243,7 +253,7 @@ def table_row(r: dict) -> str:
     """One row as the table prints it; the mark says whether its goal was met."""
     baseline = "" if r["baseline"] is None else f"{r['baseline']:,.0f}"
     ratio = "" if r["ratio"] is None else f"{r['ratio']:.3f}"
-    value = f"{r['value']:,.3f}" if r["unit"] in ("ms", "MB") else f"{r['value']:,.0f}"
+    value = f"{r['value']:,.3f}" if r["unit"] in ("ms", "MB", "us/msg") else f"{r['value']:,.0f}"
     mark = {True: "met", False: "MISSED", None: ""}[r.get("met")]
     return (f"{r['figure']:<56} {value:>12} {r['unit']:<7} {baseline:>12} {ratio:>7}  "
             f"{mark:<6}  {r['goal']}").rstrip()
