@@ -114,14 +114,16 @@ YOUNG_THRESHOLD = 4 * READ_AHEAD
 async def serve(options: Options) -> None:
     for warning in exposure_warnings(options):
         logging.getLogger("pynsqd").warning("%s", warning)
-    app = BrokerApp(options)
-    await app.start()
-    loop_kind = type(asyncio.get_running_loop()).__module__.partition(".")[0]
-    logging.getLogger("pynsqd").info("event loop: %s", loop_kind)
+    # Handled from before the start: a SIGTERM or SIGINT while the data path is restored
+    # (seconds, for millions of messages) stops the broker cleanly once it has started.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    app = BrokerApp(options)
+    await app.start()
+    loop_kind = type(loop).__module__.partition(".")[0]
+    logging.getLogger("pynsqd").info("event loop: %s", loop_kind)
     await stop.wait()
     logging.getLogger("pynsqd").info("signal received: shutting down")
     await app.stop()

@@ -210,10 +210,12 @@ class Worker:
         self.proc: asyncio.subprocess.Process | None = None
         self.started_at = 0.0
         self.restarts = 0
+        self.serving = False   # it said "ready" (a process still starting has not)
 
     async def spawn(self) -> None:
         """Start the process and wait until it serves; WorkerFailed if it exits first."""
         self.started_at = time.monotonic()
+        self.serving = False
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "broker.workers", stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, start_new_session=True)
@@ -225,10 +227,14 @@ class Worker:
         if line.strip() != b"ready":
             code = await self.proc.wait()
             raise WorkerFailed(f"{self.name} exited with {_exit_status(code)} before serving")
+        self.serving = True
 
     async def stop(self) -> int:
         """SIGTERM, and wait (SIGKILL after STOP_TIMEOUT). Its exit code; 0 for one not
-        running (its end was logged when it died)."""
+        running (its end was logged when it died), and for one that had not started
+        serving and ended by that SIGTERM: a process still starting up (its interpreter
+        loading, before it can handle the signal) ends as it was asked to, having served
+        no one, and its data path is as safe as after any kill."""
         proc = self.proc
         if proc is None or proc.returncode is not None:
             return 0
@@ -241,6 +247,9 @@ class Worker:
             code = await proc.wait()
         if proc.stdin is not None:
             proc.stdin.close()
+        if code == -signal.SIGTERM and not self.serving:
+            log.info("%s stopped before it served", self.name)
+            return 0
         return code
 
 
@@ -375,6 +384,12 @@ async def serve_worker(spec: dict, ready) -> None:
     from .server.http import HttpApi
     from .server.tcp import TcpServer
 
+    # A stop asked for while starting (restoring a data path can take seconds) is
+    # kept, and made once the worker serves: never the default action of the signal.
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     app = BrokerApp(_options_from_spec(spec["options"]))
     await app.start()
     app.broker.workers = tuple(spec["workers"])
@@ -391,10 +406,6 @@ async def serve_worker(spec: dict, ready) -> None:
                 await server.start(address, reuse_port=True)
             shared.append((kind, server))
         log.info("sharing %s", ", ".join(f"{k} {a}" for k, a in spec["shared"].items()))
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
 
         def supervisor_gone() -> None:  # the pipe from the supervisor closed
             while os.read(0, 4096):   # unbuffered: nothing to hold at interpreter exit

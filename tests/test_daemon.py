@@ -76,6 +76,46 @@ def test_a_signal_shuts_down_cleanly(daemons, sig):
     assert "shutting down" in d.output()
 
 
+def test_a_sigterm_while_the_data_path_is_restored_stops_the_broker_cleanly_once_started(
+        tmp_path):
+    """A stop asked for while the broker starts (restoring a data path can take seconds)
+    is a clean stop (exit 0, what it holds written), never the signal's default action;
+    and nothing is lost by it."""
+    import threading
+
+    data = str(tmp_path / "data")
+    first = Daemon("--data-path", data).wait_ready()
+    with Client(first.address) as client:
+        client.create_channel("kept", "c")
+        for i in range(20):
+            client.multi_publish("kept", [b"%d" % (i * 1000 + j) for j in range(1000)])
+    assert first.stop() == 0
+
+    for _ in range(3):
+        d = Daemon("--data-path", data)
+        lines: list[str] = []
+
+        def read(proc=d.proc, lines=lines) -> None:
+            for line in proc.stdout:
+                lines.append(line.decode(errors="replace"))
+                if "restored" in lines[-1]:   # still starting: its servers come next
+                    proc.send_signal(signal.SIGTERM)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        assert d.proc.wait(60) == 0, "".join(lines)
+        reader.join(10)
+        assert any("restored 1 topic(s) and 20000 pending" in line for line in lines), lines
+        assert any("signal received: shutting down" in line for line in lines), lines
+
+    again = Daemon("--data-path", data).wait_ready()
+    try:
+        with Client(again.address) as client:
+            assert client.stats().topics[0].channels[0].depth == 20_000
+    finally:
+        assert again.stop() == 0
+
+
 def test_log_level_error_leaves_info_lines_out(daemons):
     d = daemons("--log-level", "error").wait_ready()
     assert d.stop(signal.SIGTERM) == 0
@@ -226,11 +266,12 @@ def test_operators_see_clients_topics_channels_and_admin_actions_in_the_info_log
 # -- pynsqd's entry point in this process (broker.daemon:main), so that a mutation run
 # sees which tests reach it; the tests above run the console script.
 def run_pynsqd(*args: str, while_serving=None) -> tuple[int, object]:
-    """``pynsqd ARGS`` in-process: once it is serving (its SIGTERM handler is in place),
-    ``while_serving()`` runs in a thread and SIGTERM follows. The exit code, and what
-    ``while_serving`` returned. The process's signal handlers, garbage-collector
+    """``pynsqd ARGS`` in-process: once it is serving (it logged its event loop, after its
+    start), ``while_serving()`` runs in a thread and SIGTERM follows. The exit code, and
+    what ``while_serving`` returned. The process's signal handlers, garbage-collector
     thresholds and open-file limit are put back after."""
     import gc
+    import logging
     import os
     import resource
     import threading
@@ -240,13 +281,20 @@ def run_pynsqd(*args: str, while_serving=None) -> tuple[int, object]:
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     thresholds, nofile = gc.get_threshold(), resource.getrlimit(resource.RLIMIT_NOFILE)
     seen: dict = {}
-    finished = threading.Event()
+    finished, started = threading.Event(), threading.Event()
+
+    class Started(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("event loop: "):
+                started.set()
+
+    watcher = Started()
+    logging.getLogger("pynsqd").addHandler(watcher)
 
     def serving() -> None:
         try:
-            wait_for(lambda: finished.is_set()
-                     or signal.getsignal(signal.SIGTERM) is not handlers[signal.SIGTERM],
-                     30, message="pynsqd's SIGTERM handler")
+            wait_for(lambda: finished.is_set() or started.is_set(), 30,
+                     message="pynsqd to serve")
             if finished.is_set():
                 return
             seen["result"] = while_serving()
@@ -261,6 +309,7 @@ def run_pynsqd(*args: str, while_serving=None) -> tuple[int, object]:
         code = main(list(args))
     finally:
         finished.set()
+        logging.getLogger("pynsqd").removeHandler(watcher)
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
         gc.set_threshold(*thresholds)

@@ -287,6 +287,28 @@ def test_sigterm_stops_every_worker_cleanly_and_a_restart_loses_nothing(tmp_path
         assert again.stop() == 0
 
 
+@pytest.mark.parametrize("moment", ["restored", "listening on", "sharing"])
+def test_a_supervisor_stopped_while_its_workers_start_stops_cleanly(tmp_path, lookupd, moment):
+    """A SIGTERM at any moment of the start-up (a worker still loading Python, one
+    restoring its data path, one opening its ports) ends every worker and exits 0:
+    nothing is called unclean for having been asked to stop early. Each moment is
+    when the first worker logs it; the other is then at another point of its start."""
+    data = tmp_path / "data"
+    for _ in range(2):
+        sup = Supervisor(data, lookupd)
+        wait_for(lambda: sup.proc.poll() is not None or any(
+            "worker-" in line and moment in line for line in sup.log), 60,
+            interval=0.005, message=f"a worker to log {moment!r}")
+        assert sup.stop() == 0, "".join(sup.log)
+        assert not any("did not stop cleanly" in line or "ERROR" in line for line in sup.log), \
+            "".join(sup.log)
+        for address in (sup.grpc, sup.tcp, sup.http):     # nothing holds the shared ports
+            host, _, port = address.rpartition(":")
+            reserve_port(host, int(port))
+    again = Supervisor(data, lookupd).wait_ready()    # and the data path starts again
+    assert again.stop() == 0
+
+
 def gone(pid: int) -> bool:
     """The process has exited (a zombie left to an init that does not reap counts)."""
     try:
