@@ -150,8 +150,10 @@ def one_round(folder: Path, runfor: str, loops: list[str]) -> dict:
                 f"{kind}_ratio": round(durable[f"{kind}_msgs_per_s"]
                                        / nsqd_memory[f"{kind}_msgs_per_s"], 3)
                 for kind in ("write", "read")},
-            "pynsqd_memory_only": {**memory, "read_ratio": round(
-                memory["read_msgs_per_s"] / nsqd["read_msgs_per_s"], 3)}}
+            "pynsqd_memory_only": {**memory, **{
+                f"{kind}_ratio": round(memory[f"{kind}_msgs_per_s"]
+                                       / nsqd_memory[f"{kind}_msgs_per_s"], 3)
+                for kind in ("write", "read")}}}
 
 
 # pynsqd's CPU per message ÷ nsqd's, in one round: each pynsqd setup against the nsqd
@@ -204,7 +206,8 @@ def run(runfor: str = "10s", explicit_bin: str | None = None,
     (default: ``event_loops()``), then pynsqd memory only under the first; each figure
     is the median over the rounds. {"skipped": reason} when NSQ's binaries are absent.
     ``pynsqd`` and the ratios are the first loop's; ``by_event_loop`` has every loop's
-    figures and ratios; ``pynsqd_memory_only`` its figures and read ratio;
+    figures and ratios; ``pynsqd_memory_only`` its figures and ratios (÷ nsqd in memory:
+    neither keeps anything on disk);
     ``cpu_ratios_worst`` each ``CPU_COMPARISONS`` ratio's highest round."""
     folder = nsq_bin(explicit_bin)
     if folder is None:

@@ -48,7 +48,8 @@ def test_benchmark_prints_and_writes_the_table_with_every_row_marked(tmp_path):
                 "bytes rewritten per byte published, idle",
                 "TLS: gRPC MPUB", "scaling: 1 channel", "scaling: 1000 consumers"]
     if nsq_bench.nsq_bin() is not None:
-        expected += ["nsq bench_writer", "nsq bench_reader", "CPU/msg bench_writer: pynsqd durable",
+        expected += ["nsq bench_writer", "nsq bench_reader", "nsq bench_writer memory-only",
+                     "nsq bench_reader memory-only", "CPU/msg bench_writer: pynsqd durable",
                      "CPU/msg bench_reader: pynsqd memory-only"]
         if len(os.sched_getaffinity(0)) > 1:
             expected += ["workers: bench_writer", "workers: bench_reader"]
