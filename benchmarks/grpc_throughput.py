@@ -106,7 +106,12 @@ async def latency(address: str, n: int, rate: float = 1000.0) -> dict:
                 if msgs:
                     fins.put_nowait([m.id for m in msgs])
             await producer
-            await fins.join()       # every message FINed: none comes back in the next round
+            await fins.join()
+            # A clean close: the broker has read every FIN before the stream ends, so
+            # none of these messages comes back in the next round.
+            await call.done_writing()
+            while await call.read() is not grpc.aio.EOF:
+                pass
         finally:
             finisher.cancel()
             call.cancel()
