@@ -29,18 +29,18 @@ from . import (durability, grpc_throughput, nsq_bench, scaling, tcp_throughput, 
 FULL = {"grpc": 200_000, "tcp": 400_000, "spark": 1_000_000, "writers": 1_000_000,
         "spark_latency_s": 20, "spark_warm_up_s": 5,
         "durable": 200_000, "durable_rounds": 3,
-        "queued": 1_000_000, "latency": 3000, "nsq_runfor": "5s", "nsq_rounds": 3,
-        "scaling": 50_000, "tls": 200_000}
+        "queued": 1_000_000, "latency": 3000, "latency_rounds": 5, "nsq_runfor": "5s",
+        "nsq_rounds": 3, "scaling": 50_000, "tls": 200_000}
 QUICK = {"grpc": 20_000, "tcp": 40_000, "spark": 50_000, "writers": 20_000,
          "spark_latency_s": 5, "spark_warm_up_s": 5, "spark_latency_segments": 2,
          "durable": 20_000, "durable_rounds": 1,
-         "queued": 50_000, "latency": 500, "nsq_runfor": "2s", "nsq_rounds": 1,
+         "queued": 50_000, "latency": 500, "latency_rounds": 3, "nsq_runfor": "2s", "nsq_rounds": 1,
          "scaling": 5_000, "tls": 20_000}
 # Every row end to end on tiny sizes: the figures mean nothing, the table's shape does.
 SMOKE = {"grpc": 2_000, "tcp": 4_000, "spark": 2_000, "writers": 2_000,
          "spark_latency_s": 2, "spark_warm_up_s": 1,
          "durable": 2_000, "durable_rounds": 1,
-         "queued": 2_000, "latency": 100, "nsq_runfor": "1s", "nsq_rounds": 1,
+         "queued": 2_000, "latency": 100, "latency_rounds": 1, "nsq_runfor": "1s", "nsq_rounds": 1,
          "scaling": 200, "tls": 2_000, "settle": 0.0,
          # One memory-source run for each Spark ratio (not one before and one after the
          # pynsq reads), no warm-up, "batches of" in two batches, and the latency's
@@ -192,7 +192,9 @@ def tls_rows(sizes: dict) -> list[dict]:
 def collect(sizes: dict, with_spark: bool = True) -> Iterator[dict]:
     """Every row, each yielded as soon as it is measured (``stage`` lines between)."""
     stage("gRPC throughput and latency, TCP V2 throughput")
-    g = grpc_throughput.run(sizes["grpc"], sizes["latency"])
+    g = grpc_throughput.run(sizes["grpc"], sizes["latency"], sizes["latency_rounds"])
+    rounds = (f"median of {sizes['latency_rounds']} rounds of {sizes['latency']:,} msgs"
+              if sizes["latency_rounds"] > 1 else f"{sizes['latency']:,} msgs")
     t = tcp_throughput.run(sizes["tcp"])
     yield from [
         row("gRPC MPUB 100x100B", g["pynsqd"]["publish_msgs_per_s"], "msgs/s",
@@ -203,9 +205,9 @@ def collect(sizes: dict, with_spark: bool = True) -> Iterator[dict]:
             t["raw_asyncio"]["publish_msgs_per_s"], "÷ raw asyncio socket; nsqd ~390k"),
         row("TCP V2 consume RDY 2500 + FIN", t["pynsqd"]["consume_msgs_per_s"], "msgs/s",
             t["raw_asyncio"]["consume_msgs_per_s"], "÷ raw asyncio socket; nsqd ~340k"),
-        row("latency p50 publish->deliver @1k/s", g["latency"]["p50_ms"], "ms", None, ""),
+        row("latency p50 publish->deliver @1k/s", g["latency"]["p50_ms"], "ms", None, rounds),
         row("latency p99 publish->deliver @1k/s", g["latency"]["p99_ms"], "ms", None,
-            "<= 5 ms"),
+            f"<= 5 ms ({rounds})"),
     ]
     if with_spark:
         stage("Spark source and writers")

@@ -107,6 +107,20 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(YOUNG_THRESHOLD, 1, 1000)
 
 
+def freeze_start_up_objects() -> None:
+    """What importing the broker made (modules, classes, functions, gRPC's and
+    protobuf's tables: about 44,000 objects) lives as long as the process. A full
+    collection traced all of it every time: 45-50 ms of CPU (measured on a busy
+    2-core machine) with the event loop stopped and every message in flight waiting,
+    most of a full collection's work while few messages are queued. Collected once
+    now and moved out of the collector's generations (``gc.freeze``), it is never
+    traced again. Called before the broker starts: nothing of its own (topics,
+    channels, messages recovered from disk) is frozen; all of that is collected as
+    before."""
+    gc.collect()
+    gc.freeze()
+
+
 # Allocations (net) between young collections: four read-aheads of messages from disk.
 YOUNG_THRESHOLD = 4 * READ_AHEAD
 
@@ -148,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     logging.getLogger("pynsqd").info("open-file limit: %d", raise_open_file_limit())
     tune_garbage_collector()
+    freeze_start_up_objects()
     try:
         loop = new_event_loop(options.event_loop)
     except ValueError as err:

@@ -428,7 +428,7 @@ async def serve_worker(spec: dict, ready) -> None:
 
 def worker_main() -> int:
     from .app import new_event_loop
-    from .daemon import raise_open_file_limit, tune_garbage_collector
+    from .daemon import freeze_start_up_objects, raise_open_file_limit, tune_garbage_collector
     from .storage import DataPathLocked
 
     spec = json.loads(sys.stdin.buffer.readline())
@@ -438,6 +438,7 @@ def worker_main() -> int:
                                f"%(message)s")
     raise_open_file_limit()
     tune_garbage_collector()
+    freeze_start_up_objects()
     out = sys.stdout
 
     def ready() -> None:

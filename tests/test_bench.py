@@ -163,3 +163,24 @@ def test_nsq_tool_durations_are_read_in_any_go_unit():
     assert nsq_bench.seconds("1m30s") == 90 and nsq_bench.halved("1s") == "0.5s"
     with pytest.raises(ValueError, match="'1 s' is not a Go duration"):
         nsq_bench.seconds("1 s")
+
+
+def test_latency_figures_are_the_medians_of_rounds_that_each_count_every_message(client):
+    """Each round times every message it publishes, from its PUB to its delivery, and
+    FINs them all (none comes back in the next round); the figures are the medians of
+    the rounds' own. The client's garbage collector is back on after."""
+    import gc
+    import statistics
+
+    from benchmarks.grpc_throughput import latency_rounds
+
+    from .grpckit import channel_stats
+
+    result = latency_rounds(client.address, 40, 3)
+    rounds = result["rounds"]
+    assert len(rounds) == 3 and all(0 < r["p50_ms"] <= r["p99_ms"] for r in rounds)
+    assert result["p50_ms"] == statistics.median(r["p50_ms"] for r in rounds)
+    assert result["p99_ms"] == statistics.median(r["p99_ms"] for r in rounds)
+    stats = channel_stats(client, "latency", "work")
+    assert (stats.finish_count, stats.requeue_count, stats.depth) == (120, 0, 0)
+    assert gc.isenabled()

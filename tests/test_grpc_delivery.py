@@ -302,3 +302,50 @@ def test_delivery_frames_are_bounded_and_large_bodies_keep_their_length():
     decoded = [m for f in frames for m in pb.ServerFrame.FromString(f).messages.messages]
     assert [(m.id, len(m.body)) for m in decoded] == [(m.id, 300_000) for m in big]
     assert all(len(f) <= MAX_FRAME_BYTES + 64 * 1024 for f in frames)
+
+
+def test_a_waiting_subscriber_gets_a_published_message_before_the_publisher_its_answer(broker):
+    """Publish to delivery is not made to wait for the publisher's answer to be sent:
+    the subscriber's frame leaves first, so the client (one connection for both) reads
+    the delivery before the answer, for every message."""
+    import asyncio
+
+    from broker.api import broker_pb2_grpc as pb_grpc
+
+    async def run() -> list[tuple[str, bytes]]:
+        events: list[tuple[str, bytes]] = []
+        async with grpc.aio.insecure_channel(broker.address) as channel:
+            stub = pb_grpc.BrokerStub(channel)
+            call = stub.Subscribe()
+            await call.write(pb.ClientFrame(sub=pb.Sub(topic="events", channel="work")))
+            await call.read()
+            await call.write(pb.ClientFrame(rdy=pb.Rdy(count=100)))
+
+            async def read() -> None:
+                while True:
+                    frame = await call.read()
+                    events.extend(("delivered", m.body) for m in frame.messages.messages)
+
+            reader = asyncio.create_task(read())
+            for i in range(50):
+                body = b"%d" % i
+                await stub.Publish(pb.PublishRequest(topic="events", body=body))
+                events.append(("answered", body))
+                await asyncio.sleep(0.002)
+            await asyncio.wait_for(_until(lambda: sum(k == "delivered" for k, _ in events) == 50),
+                                   30)
+            reader.cancel()
+            call.cancel()
+        return events
+
+    first: dict[bytes, str] = {}
+    for kind, body in asyncio.run(run()):
+        first.setdefault(body, kind)
+    assert len(first) == 50
+    assert [body for body, kind in first.items() if kind != "delivered"] == []
+
+
+async def _until(condition) -> None:
+    import asyncio
+    while not condition():
+        await asyncio.sleep(0.01)

