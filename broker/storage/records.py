@@ -223,7 +223,7 @@ class Batch:
     held: bool
     ids: str
     timestamps: array
-    bounds: list[int]
+    bounds: "range | list[int]"
     data: bytes
     deliver_ats: array | None
     expires: array | None
@@ -259,10 +259,12 @@ def read_batch(data: "bytes | memoryview", start: int, stop: int) -> Batch:
         columns.append(column)
         at += n * size
     timestamps, lengths, deliver_ats, expires = columns
-    bounds = list(accumulate(lengths, initial=at))
+    body_size = lengths[0] if n and lengths.count(lengths[0]) == n else 0
+    # Bodies all as long (the usual MPUB): their bounds are a range, no list to make.
+    bounds: "range | list[int]" = (range(at, at + n * body_size + 1, body_size) if body_size
+                                   else list(accumulate(lengths, initial=at)))
     if at > stop or bounds[-1] != stop or len(timestamps) != n:
         raise DamagedRecord(f"a batch of {n} messages whose columns do not fill it")
-    body_size = lengths[0] if n and lengths.count(lengths[0]) == n else 0
     return Batch(bool(flags & HELD), data[pos:pos + 8 * n].hex(), timestamps, bounds,
                  data, deliver_ats, expires, body_size)
 
