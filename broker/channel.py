@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .lease import Lease
     from .topic import Topic
 
-_BODY, _TIMESTAMP, _ID = attrgetter("body"), attrgetter("timestamp"), attrgetter("id")
+_BODY, _ID = attrgetter("body"), attrgetter("id")
 log = logging.getLogger("pynsqd")
 
 
@@ -299,7 +299,7 @@ class Channel:
         self._in_flight.cancel_many(msgs)
         wall_ns = self._clock.wall_ns()
         # ``msg.consumer`` is left as it is: nothing reads it once a message is gone.
-        self.latency.add_published(wall_ns, list(map(_TIMESTAMP, msgs)))
+        self.latency.add_published(wall_ns, [msg.timestamp for msg in msgs])
         if self.lease_claims:
             self.lease_claims.left(map(_ID, msgs))
         holder.finish_count += len(msgs)
