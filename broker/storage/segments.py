@@ -321,7 +321,7 @@ class TopicLog:
 def _messages(batch: records.Batch, first: int, count: int, loc: int) -> list[Message]:
     """Messages ``first`` to ``first + count`` of ``batch``, the first at ``loc``: the ids
     split and the bodies cut in one pass each."""
-    ids = bytes.fromhex(batch.ids[16 * first:16 * (first + count)]).hex(" ", 8).split(" ")
+    ids = batch.raw[8 * first:8 * (first + count)].hex(" ", 8).split(" ")
     data, size = batch.data, batch.body_size
     if size:  # bodies all as long (a format of ``count`` fields of that size, cached)
         bodies = unpack_from(f"{size}s" * count, data, batch.bounds[first])
