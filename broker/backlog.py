@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Iterator
 
 from .message import Message, Published
 
-_LOC, _ATTEMPTS, _BODY = attrgetter("loc"), attrgetter("attempts"), attrgetter("body")
+_LOC, _ATTEMPTS = attrgetter("loc"), attrgetter("attempts")
 _NOTHING = object()  # what a backlog never holds
 # Messages of a run read from disk at once, ahead of the cursor.
 READ_AHEAD = 1024
@@ -314,7 +314,7 @@ class Backlog:
         if OnDisk in kinds:
             head = head[:kinds.index(OnDisk)]
         if max_bytes and head:
-            ends = list(accumulate(map(len, map(_BODY, head))))
+            ends = list(accumulate([len(msg.body) for msg in head]))
             if ends[-1] >= max_bytes:
                 head = head[:bisect_left(ends, max_bytes) + 1]
         if len(head) == len(items):

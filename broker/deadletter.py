@@ -17,7 +17,6 @@ crash between the two can duplicate a dead letter but never lose it.
 from __future__ import annotations
 
 import logging
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from .errors import BrokerError, InvalidRequest
@@ -34,7 +33,6 @@ DEAD_SUFFIX = ".dead"
 # A dead letter that cannot be written (disk full) is retried this much later.
 RETRY_DELAY = 1.0
 ATTEMPTS, EXPIRED = "attempts", "expired"
-_ATTEMPTS, _EXPIRES = attrgetter("attempts"), attrgetter("expires")
 
 
 def default_dead_letter_topic(topic: str) -> str:
@@ -148,9 +146,9 @@ def all_deliverable(channel: "Channel", msgs: list[Message], now_ns: int) -> boo
     """Whether ``verdict`` lets every one of ``msgs`` be delivered now: checked in bulk,
     without a call per message (a lease takes thousands at once)."""
     limit = max_attempts(channel)
-    if limit and max(map(_ATTEMPTS, msgs), default=0) >= limit:
+    if limit and max([msg.attempts for msg in msgs], default=0) >= limit:
         return False
-    return min(filter(None, map(_EXPIRES, msgs)), default=now_ns + 1) > now_ns
+    return min(filter(None, [msg.expires for msg in msgs]), default=now_ns + 1) > now_ns
 
 
 def expires_at(now_ns: int, ttl_ms: int) -> int:

@@ -18,14 +18,32 @@ HISTOGRAM_BOUNDS_MS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000,
 
 class LatencySample:
     """The most recent ``size`` publish-to-FIN latencies, in milliseconds, and a
-    histogram of all of them since the start (counts per ``HISTOGRAM_BOUNDS_MS``)."""
+    histogram of all of them since the start (counts per ``HISTOGRAM_BOUNDS_MS``).
+
+    Messages FINed together are kept as their publish times and the FIN time: their
+    latencies are worked out when percentiles are asked for (a stats call), not at
+    every FIN."""
 
     def __init__(self, size: int = 4096) -> None:
         self._values: deque[float] = deque(maxlen=size)
+        # FINs not in ``_values`` yet, oldest first: (FIN wall ns, publish times), and
+        # how many publish times they hold (under ``size`` plus the newest FIN's).
+        self._pending: deque[tuple[int, list[int]]] = deque()
+        self._pending_count = 0
         self.bucket_counts = [0] * (len(HISTOGRAM_BOUNDS_MS) + 1)  # the last: above all
         self.sum_ms = 0.0
 
+    def _settle(self) -> None:
+        """Put the latencies of the FINs pending in ``_values``, in order."""
+        values = self._values
+        for now_ns, published_ns in self._pending:
+            values.extend([(now_ns - t) / 1e6 for t in published_ns])
+        self._pending.clear()
+        self._pending_count = 0
+
     def add(self, latency_ms: float) -> None:
+        if self._pending:
+            self._settle()
         self._values.append(latency_ms)
         self.bucket_counts[bisect_left(HISTOGRAM_BOUNDS_MS, latency_ms)] += 1
         self.sum_ms += latency_ms
@@ -37,6 +55,8 @@ class LatencySample:
             for latency_ms in latencies_ms:
                 self.add(latency_ms)
             return
+        if self._pending:
+            self._settle()
         self._values.extend(latencies_ms)
         ordered = sorted(latencies_ms)
         counts, below = self.bucket_counts, 0
@@ -48,17 +68,19 @@ class LatencySample:
         self.sum_ms += sum(latencies_ms)
 
     def add_published(self, now_ns: int, published_ns: list[int]) -> None:
-        """``add`` the latency of messages published at ``published_ns`` and FINed at
-        ``now_ns`` (wall clock, ns). A lease FINs a million at once: only the newest
-        ``size`` latencies are computed one by one; the histogram counts come from the
-        sorted publish times (a latency is at most a bound when its message was
-        published no earlier than ``now_ns`` less the bound), the sum from their total."""
+        """``add`` the latency of messages published at ``published_ns`` (a list this
+        sample may keep) and FINed at ``now_ns`` (wall clock, ns). A lease FINs a
+        million at once: the histogram counts come from the sorted publish times (a
+        latency is at most a bound when its message was published no earlier than
+        ``now_ns`` less the bound), the sum from their total; only the newest ``size``
+        publish times are kept for the percentiles."""
         n = len(published_ns)
         if n < len(HISTOGRAM_BOUNDS_MS):
             self.add_many([(now_ns - t) / 1e6 for t in published_ns])
             return
-        newest = published_ns[-self._values.maxlen:] if self._values.maxlen else published_ns
-        self._values.extend([(now_ns - t) / 1e6 for t in newest])
+        size = self._values.maxlen
+        if size:
+            self._keep(now_ns, published_ns if n <= size else published_ns[-size:], size)
         ordered = sorted(published_ns)
         counts, within = self.bucket_counts, 0  # within: latencies at most the bound so far
         for i, bound in enumerate(HISTOGRAM_BOUNDS_MS):
@@ -68,10 +90,22 @@ class LatencySample:
         counts[-1] += n - within
         self.sum_ms += (now_ns * n - sum(published_ns)) / 1e6
 
+    def _keep(self, now_ns: int, published_ns: list[int], size: int) -> None:
+        """Hold a FIN's publish times until asked for; older FINs that the newer ones
+        already push out of the newest ``size`` go at once."""
+        pending = self._pending
+        pending.append((now_ns, published_ns))
+        self._pending_count += len(published_ns)
+        while self._pending_count - len(pending[0][1]) >= size:
+            self._pending_count -= len(pending.popleft()[1])
+
     def extend(self, other: "LatencySample") -> None:
+        self._settle()
+        other._settle()
         self._values.extend(other._values)
 
     def percentiles(self) -> list[tuple[float, float]]:
+        self._settle()
         if not self._values:
             return []
         ordered = sorted(self._values)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import broker.channel as channel_module
 from broker.consumer import Consumer
 
 from .corekit import new_broker
@@ -37,9 +38,18 @@ def batches_one_by_one(msgs: list[tuple[str, int, bool]], rdy: int,
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 12), st.booleans()), min_size=1, max_size=40),
-       st.integers(1, 15), st.integers(0, 30))
+       st.integers(1, 15), st.integers(0, 30), st.sampled_from([1, 2, 3, 256]))
 def test_the_pump_hands_over_the_batches_taking_messages_one_by_one_would(
-        bodies: list[tuple[int, bool]], rdy: int, batch_bytes: int) -> None:
+        bodies: list[tuple[int, bool]], rdy: int, batch_bytes: int, chunk: int) -> None:
+    """(``chunk``: how many a pass bounded by bytes looks at at a time.)"""
+    saved, channel_module.BYTES_CHUNK = channel_module.BYTES_CHUNK, chunk
+    try:
+        pumped(bodies, rdy, batch_bytes)
+    finally:
+        channel_module.BYTES_CHUNK = saved
+
+
+def pumped(bodies: list[tuple[int, bool]], rdy: int, batch_bytes: int) -> None:
     broker, clock = new_broker()
     batches: list[list[str]] = []
     c = Consumer(lambda msg: None, msg_timeout=60.0,

@@ -205,3 +205,29 @@ def test_a_leases_fin_timed_by_publish_times_fills_the_histogram_as_fins_one_by_
     assert lease.bucket_counts == one_by_one.bucket_counts
     assert lease.sum_ms == pytest.approx(one_by_one.sum_ms)
     assert lease.percentiles() == one_by_one.percentiles()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 60_000_000_000), max_size=40),
+                          st.booleans()), max_size=30),
+       st.sampled_from([1, 7, 50, 4096]))
+def test_fins_in_groups_give_the_percentiles_of_the_newest_latencies_as_fins_one_by_one_do(
+        fins, size):
+    """Groups of FINs of any size (some under the size batched at once), with stats
+    read between some of them: always the percentiles of the newest ``size``."""
+    one_by_one, grouped = LatencySample(size), LatencySample(size)
+    now_ns = 1_800_000_000_000_000_000
+    for ages, asked in fins:
+        now_ns += 1_000_000
+        published = [now_ns - age for age in ages]
+        for t in published:
+            one_by_one.add((now_ns - t) / 1e6)
+        grouped.add_published(now_ns, published)
+        if asked:
+            assert grouped.percentiles() == one_by_one.percentiles()
+    assert grouped.bucket_counts == one_by_one.bucket_counts
+    assert grouped.percentiles() == one_by_one.percentiles()
+    merged, expected = LatencySample(size), LatencySample(size)
+    merged.extend(grouped)
+    expected.extend(one_by_one)
+    assert merged.percentiles() == expected.percentiles()

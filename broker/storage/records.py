@@ -218,12 +218,13 @@ def publish(ids: Ids, timestamps: Stamps, bodies: list[bytes],
 
 @dataclass(slots=True)
 class Batch:
-    """A BATCH record's columns, read in one pass: message ``i`` is ``ids[16i:16i+16]``
-    (hex), published at ``timestamps[i]``, its body ``data[bounds[i]:bounds[i + 1]]``."""
+    """A BATCH record's columns, read in one pass: message ``i``'s id is
+    ``raw[8i:8i+8]`` (big-endian), published at ``timestamps[i]``, its body
+    ``data[bounds[i]:bounds[i + 1]]``."""
     held: bool
-    ids: str
+    raw: bytes
     timestamps: array
-    bounds: list[int]
+    bounds: "range | list[int]"
     data: bytes
     deliver_ats: array | None
     expires: array | None
@@ -234,7 +235,7 @@ class Batch:
 
     def raw_ids(self) -> array:
         """The ids as numbers."""
-        out = array("Q", bytes.fromhex(self.ids))
+        out = array("Q", self.raw)
         if _SWAP:
             out.byteswap()
         return out
@@ -259,11 +260,13 @@ def read_batch(data: "bytes | memoryview", start: int, stop: int) -> Batch:
         columns.append(column)
         at += n * size
     timestamps, lengths, deliver_ats, expires = columns
-    bounds = list(accumulate(lengths, initial=at))
+    body_size = lengths[0] if n and lengths.count(lengths[0]) == n else 0
+    # Bodies all as long (the usual MPUB): their bounds are a range, no list to make.
+    bounds: "range | list[int]" = (range(at, at + n * body_size + 1, body_size) if body_size
+                                   else list(accumulate(lengths, initial=at)))
     if at > stop or bounds[-1] != stop or len(timestamps) != n:
         raise DamagedRecord(f"a batch of {n} messages whose columns do not fill it")
-    body_size = lengths[0] if n and lengths.count(lengths[0]) == n else 0
-    return Batch(bool(flags & HELD), data[pos:pos + 8 * n].hex(), timestamps, bounds,
+    return Batch(bool(flags & HELD), bytes(data[pos:pos + 8 * n]), timestamps, bounds,
                  data, deliver_ats, expires, body_size)
 
 

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import zlib
 from array import array
 from bisect import bisect_right
+from functools import lru_cache
 from itertools import islice, repeat
 from pathlib import Path
 from struct import unpack_from
@@ -48,6 +50,7 @@ class _WouldWait(Exception):
 
 
 _OFFSET_MASK = (1 << OFFSET_BITS) - 1
+_ORDER = sys.byteorder  # of an array's numbers in memory
 
 
 def location(seg: int, offset: int) -> int:
@@ -318,7 +321,7 @@ class TopicLog:
 def _messages(batch: records.Batch, first: int, count: int, loc: int) -> list[Message]:
     """Messages ``first`` to ``first + count`` of ``batch``, the first at ``loc``: the ids
     split and the bodies cut in one pass each."""
-    ids = bytes.fromhex(batch.ids[16 * first:16 * (first + count)]).hex(" ", 8).split(" ")
+    ids = batch.raw[8 * first:8 * (first + count)].hex(" ", 8).split(" ")
     data, size = batch.data, batch.body_size
     if size:  # bodies all as long (a format of ``count`` fields of that size, cached)
         bodies = unpack_from(f"{size}s" * count, data, batch.bounds[first])
@@ -331,6 +334,25 @@ def _messages(batch: records.Batch, first: int, count: int, loc: int) -> list[Me
                         repeat(0), range(loc, loc + count)))
     return list(map(Message, ids, bodies, batch.timestamps[first:first + count],
                     repeat(0), range(loc, loc + count), batch.expires[first:first + count]))
+
+
+def _follow_on(locs: "Sequence[int]", j: int, count: int, loc: int) -> bool:
+    """Whether ``locs[j:j + count]`` are ``loc``, ``loc + 1``, ... in turn. Of an array
+    of locations, checked without an int object per location: its slice read as one
+    number (``count`` 64-bit digits) is ``loc`` times 1, 1, ... plus 0, 1, 2, ... (no
+    digit carries into the next: a location is under 2**63)."""
+    if type(locs) is not array or locs.typecode != "q":
+        return list(locs[j:j + count]) == list(range(loc, loc + count))
+    ones, steps = _runs_of(count)
+    return int.from_bytes(memoryview(locs)[j:j + count], _ORDER) == loc * ones + steps
+
+
+@lru_cache(maxsize=256)
+def _runs_of(count: int) -> tuple[int, int]:
+    """(1, 1, ... and 0, 1, 2, ...) as numbers of ``count`` 64-bit digits, as an array
+    of ``count`` locations in memory reads."""
+    return (int.from_bytes((1).to_bytes(8, _ORDER) * count, _ORDER),
+            int.from_bytes(array("q", range(count)).tobytes(), _ORDER))
 
 
 class Reader:
@@ -371,7 +393,7 @@ class Reader:
             # case: a read-ahead asks for whole batches), built in bulk.
             count = min(batch_n - i, total - j)
             if count > 1 and locs[j + count - 1] != loc + count - 1 or (
-                    count > 2 and list(locs[j:j + count]) != list(range(loc, loc + count))):
+                    count > 2 and not _follow_on(locs, j, count, loc)):
                 count = 1
                 while j + count < total and i + count < batch_n and (
                         locs[j + count] == loc + count):
