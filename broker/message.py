@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 import time
 from array import array
-from itertools import repeat
-from typing import TYPE_CHECKING, Optional, Sequence
+from itertools import count, repeat
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 if TYPE_CHECKING:
     from .consumer import Consumer
@@ -48,6 +48,30 @@ class Message:
 
     def __repr__(self) -> str:
         return f"Message(id={self.id!r}, attempts={self.attempts}, body={self.body[:32]!r})"
+
+
+_new = object.__new__
+
+
+def read_back(ids: Sequence[str], bodies: Sequence[bytes], timestamps: Iterable[int],
+              loc: int, expires: Iterable[int] | None = None) -> list[Message]:
+    """Messages read back from the log, never delivered: ``ids``, ``bodies``,
+    ``timestamps`` (and ``expires``) in step, at locations ``loc``, ``loc + 1``, ...
+    Each is what ``Message(id, body, timestamp, 0, loc, expires)`` makes, built in bulk:
+    no ``__init__`` frame per message, every slot set in one loop."""
+    msgs = list(map(_new, repeat(Message, len(ids))))
+    for msg, msg_id, body, timestamp, at, expiry in zip(
+            msgs, ids, bodies, timestamps, count(loc), repeat(0) if expires is None else expires):
+        msg.id = msg_id
+        msg.body = body
+        msg.timestamp = timestamp
+        msg.attempts = 0
+        msg.consumer = None
+        msg.deadline = 0.0
+        msg.token = 0
+        msg.loc = at
+        msg.expires = expiry
+    return msgs
 
 
 # An id carries its broker's node id in its low bits, as nsqd's GUIDs do: brokers

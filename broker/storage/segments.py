@@ -22,12 +22,12 @@ import zlib
 from array import array
 from bisect import bisect_right
 from functools import lru_cache
-from itertools import islice, repeat
+from itertools import islice
 from pathlib import Path
 from struct import unpack_from
 from typing import Callable, Sequence
 
-from ..message import Message
+from ..message import Message, read_back
 from . import fileops, records
 from .records import EXPIRES
 
@@ -329,11 +329,9 @@ def _messages(batch: records.Batch, first: int, count: int, loc: int) -> list[Me
         bounds = batch.bounds[first:first + count + 1]
         bodies = [data[start:stop] for start, stop in zip(bounds, islice(bounds, 1, None))]
     # Made with their locations (and expiries) at once: no pass over them after.
-    if batch.expires is None:
-        return list(map(Message, ids, bodies, batch.timestamps[first:first + count],
-                        repeat(0), range(loc, loc + count)))
-    return list(map(Message, ids, bodies, batch.timestamps[first:first + count],
-                    repeat(0), range(loc, loc + count), batch.expires[first:first + count]))
+    expires = batch.expires
+    return read_back(ids, bodies, batch.timestamps[first:first + count], loc,
+                     None if expires is None else expires[first:first + count])
 
 
 def _follow_on(locs: "Sequence[int]", j: int, count: int, loc: int) -> bool:

@@ -1,0 +1,30 @@
+"""Messages read back from the log in bulk are the messages ``Message(...)`` makes one
+by one: the same value in every slot."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broker.message import Message, read_back
+
+_ID = st.integers(0, 2**64 - 1).map(lambda n: f"{n:016x}")
+_TIME = st.integers(0, 2**63 - 1)
+_READ = st.lists(st.tuples(_ID, st.binary(max_size=40), _TIME, _TIME), max_size=30)
+
+
+def slots(msg: Message) -> dict:
+    return {name: getattr(msg, name) for name in Message.__slots__}
+
+
+@given(_READ, st.integers(0, 2**62), st.booleans())
+def test_messages_read_back_in_bulk_equal_messages_made_one_by_one(rows, loc, expiring):
+    ids = [row[0] for row in rows]
+    bodies = [row[1] for row in rows]
+    timestamps = [row[2] for row in rows]
+    expires = [row[3] for row in rows] if expiring else None
+    bulk = read_back(ids, bodies, timestamps, loc, expires)
+    one_by_one = [Message(msg_id, body, ts, 0, loc + i, expires[i] if expiring else 0)
+                  for i, (msg_id, body, ts) in enumerate(zip(ids, bodies, timestamps))]
+    assert [type(msg) for msg in bulk] == [Message] * len(rows)
+    assert [slots(msg) for msg in bulk] == [slots(msg) for msg in one_by_one]
