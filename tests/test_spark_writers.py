@@ -43,21 +43,21 @@ def expected_bodies(n: int) -> Counter:
 
 def test_pub_to_topic_relays_every_message_once(spark, broker, client, tmp_path):
     client.admin("channel", "create", "b", "check")
-    publish(client, "a", 500)
+    publish(client, "a", 300)  # three batches
     query = relay(spark, broker.address, tmp_path / "ck",
                   lambda w: w.foreachBatch(pub_to_topic(broker.address, "b", batch_size=64)))
     assert query.awaitTermination(120)
-    assert drain(client, "b") == expected_bodies(500)
+    assert drain(client, "b") == expected_bodies(300)
 
 
 def test_the_native_sink_relays_every_message_once(spark, broker, client, tmp_path):
     client.admin("channel", "create", "b", "check")
-    publish(client, "a", 500)
+    publish(client, "a", 300)  # three batches
     query = relay(spark, broker.address, tmp_path / "ck",
                   lambda w: w.format("pynsq").option("address", broker.address)
                   .option("topic", "b"))
     assert query.awaitTermination(120)
-    assert drain(client, "b") == expected_bodies(500)
+    assert drain(client, "b") == expected_bodies(300)
 
 
 def test_a_failure_between_publish_and_commit_leaves_each_message_once(
