@@ -28,7 +28,7 @@ def start(df, recorder, checkpoint, **trigger):
 
 def test_a_failing_batch_fails_the_query_and_a_restart_delivers_every_message(
         spark, broker, client, tmp_path):
-    published = publish(client, "events", 500)
+    published = publish(client, "events", 400)  # batches 0-1 commit, 2 fails, 2-3 on restart
     checkpoint = tmp_path / "ck"
     failing = Recorder(fail_on=lambda batch_id: batch_id == 2)
     query = start(reader(spark, broker.address, "events", maxMessagesPerTrigger=100),
