@@ -28,7 +28,7 @@ def start(df, recorder, checkpoint, **trigger):
 
 def test_a_failing_batch_fails_the_query_and_a_restart_delivers_every_message(
         spark, broker, client, tmp_path):
-    published = publish(client, "events", 500)
+    published = publish(client, "events", 400)  # batches 0-1 commit, 2 fails, 2-3 on restart
     checkpoint = tmp_path / "ck"
     failing = Recorder(fail_on=lambda batch_id: batch_id == 2)
     query = start(reader(spark, broker.address, "events", maxMessagesPerTrigger=100),
@@ -86,20 +86,20 @@ def _driver(broker, tmp_path, out, *extra):
 
 def test_a_driver_killed_mid_batch_restarts_from_the_checkpoint_and_loses_nothing(
         spark, broker, client, tmp_path):
-    published = publish(client, "events", 600)
+    published = publish(client, "events", 400)
     out, marker = tmp_path / "ids.txt", tmp_path / "hanging"
     # The killed driver's lease session outlives it by msgTimeoutMs: ten minutes, so that
     # however slowly the restarted driver starts, the lease is there to adopt (never waited).
     driver = _driver(broker, tmp_path, out, "--max-per-trigger", "200",
-                     "--hang-on-batch", "2", "--marker", str(marker),
+                     "--hang-on-batch", "1", "--marker", str(marker),
                      "--option", "msgTimeoutMs=600000")
     try:
-        wait_for(marker.exists, 180, message="the driver to reach batch 2")
+        wait_for(marker.exists, 180, message="the driver to reach batch 1")
     finally:
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait(30)
     before = out.read_text().split()
-    assert len(before) == 400  # batches 0 and 1 completed; batch 2 was killed mid-way
+    assert len(before) == 200  # batch 0 completed; batch 1 was killed mid-way
     killed_batch = marker.read_text().split()
     # The killed driver's session is kept for its grace period: its lease is still held.
     assert channel_stats(client, "events").in_flight_count == len(killed_batch) == 200
@@ -111,8 +111,8 @@ def test_a_driver_killed_mid_batch_restarts_from_the_checkpoint_and_loses_nothin
         "--available-now", "--option", "msgTimeoutMs=600000"]))
     after = out.read_text().split()
     assert set(after) == published
-    # The restarted driver replays batch 2 first, with the very messages it held.
-    assert set(after[400:400 + len(killed_batch)]) == set(killed_batch)
+    # The restarted driver replays batch 1 first, with the very messages it held.
+    assert set(after[200:200 + len(killed_batch)]) == set(killed_batch)
 
 
 def test_a_task_that_fails_once_is_retried_without_loss_or_duplicates(

@@ -22,6 +22,13 @@ import sys
 import time
 
 
+# A driver (or executor) JVM of this script lives a minute or two and moves a few hundred
+# rows: most of its CPU goes to starting up. The JIT's quick tier only and the serial
+# collector start it sooner (measured on 2 busy cores: a driver reached its third batch
+# in 68-120 s, against 114-166 s with the JVM's defaults, started side by side).
+FAST_START_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     for name in ("topic", "channel", "checkpoint", "out"):
@@ -49,7 +56,9 @@ def main() -> None:
                .config("spark.ui.enabled", "false")
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.python.authenticate.socketTimeout", "60s")  # a busy host
-               .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable))
+               .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+               .config("spark.driver.extraJavaOptions", FAST_START_JVM)
+               .config("spark.executor.extraJavaOptions", FAST_START_JVM))
     if os.environ.get("PYTHONPATH"):  # executors of a cluster import the same code as the driver
         paths = [os.path.abspath(p) for p in os.environ["PYTHONPATH"].split(os.pathsep) if p]
         builder = builder.config("spark.executorEnv.PYTHONPATH", os.pathsep.join(paths))
