@@ -59,6 +59,7 @@ from ..options import split_listen_address
 from . import wire
 from ..security.guard import Security
 from ..stats import ClientIdentity, host_port
+from .admission import Listener, Ticket, gate_for, serve_accepted
 from .limits import MAX_UNSENT_BYTES
 from .wire import (FRAME_RESPONSE, MAGIC_V2, Incomplete, LineTooLong, base10, error_frame,
                    frame, message_id)
@@ -138,9 +139,11 @@ class _Wait(Exception):
 
 
 class V2Connection(asyncio.Protocol):
-    def __init__(self, broker: Broker, server: "TcpServer") -> None:
+    def __init__(self, broker: Broker, server: "TcpServer", ticket: Ticket | None = None
+                 ) -> None:
         self.broker = broker
         self.server = server
+        self.ticket = ticket          # its place under the connection caps (admission.py)
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.state = MAGIC
@@ -210,6 +213,8 @@ class V2Connection(asyncio.Protocol):
         log.info("TCP: client(%s) gone%s", self.client_id, f" ({exc})" if exc else "")
         self.state = CLOSED
         self.server.connections.discard(self)
+        if self.ticket is not None:
+            self.ticket.release()
         for timer in (self._heartbeat, self._stuck, self._linger):
             if timer is not None:
                 timer.cancel()
@@ -781,28 +786,31 @@ class TcpServer:
         self.broker = broker
         self.security = security   # TLS and auth (broker/security), or None
         self.connections: set[V2Connection] = set()
-        self.server: asyncio.AbstractServer | None = None
+        self.listener: Listener | None = None
         # Most a client may have buffered in one unfinished command.
         self.max_pending = broker.options.max_body_size + wire.MAX_LINE + 8
 
     async def start(self, address: str, reuse_port: bool = False) -> str:
         """Listen on ``address``; with ``reuse_port``, beside other processes listening
-        there the same way (``pynsqd --workers``: the kernel spreads connections)."""
+        there the same way (``pynsqd --workers``: the kernel spreads connections).
+        Connections are admitted by the broker's ``ConnectionGate`` (admission.py)."""
         host, port = split_listen_address(address, "tcp-address")
         loop = asyncio.get_running_loop()
+
+        def serve(sock: socket.socket, ticket: Ticket) -> None:
+            loop.create_task(serve_accepted(
+                sock, ticket, lambda: V2Connection(self.broker, self, ticket)))
+
         try:
-            self.server = await loop.create_server(lambda: V2Connection(self.broker, self),
-                                                   host or None, port, reuse_address=True,
-                                                   reuse_port=reuse_port or None)
+            self.listener = await Listener.start(host or None, port, gate_for(self.broker),
+                                                 "TCP", serve, reuse_port=reuse_port)
         except OSError as err:
             raise OSError(f"cannot listen on {address} (TCP): {err.strerror}") from None
-        bound = self.server.sockets[0].getsockname()
-        return host_port(host, bound[1])
+        return host_port(host, self.listener.address()[1])
 
     async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        if self.listener is not None:
+            await self.listener.close()
             for conn in list(self.connections):
                 conn._close()
-            await self.server.wait_closed()
-            self.server = None
+            self.listener = None
