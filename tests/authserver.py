@@ -8,7 +8,8 @@ A secret it does not know is answered 403, as a real auth server refuses one. A
 secret whose answer is an int is answered with that status and a body that is not
 JSON (an auth server failing); one whose answer is bytes gets them as a 200's body.
 ``HOLD`` is answered only after ``release()`` (a slow auth server), ``Huge(n)`` with a
-200 whose JSON body of ``n`` bytes is streamed (a garbage-answering one).
+200 whose JSON body of ``n`` bytes is streamed (a garbage-answering one),
+``Redirect(url)`` with a 307 to ``url``.
 Every query is recorded in ``queries`` (the form the broker sent).
 """
 
@@ -36,6 +37,13 @@ def reply(*, publish: str | None = None, subscribe: str | None = None,
 
 
 HOLD = object()
+
+
+class Redirect:
+    """A 307 to ``location`` (where the asking client's query would go next)."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
 
 
 class Huge:
@@ -67,6 +75,8 @@ class AuthServer:
             assert self._released is not None
             await self._released.wait()
             return web.json_response(reply(publish=".*"))
+        if isinstance(answer, Redirect):
+            return web.Response(status=307, headers={"Location": answer.location})
         if isinstance(answer, Huge):
             return await self._huge(request, answer.size)
         if isinstance(answer, int):

@@ -46,10 +46,12 @@ import hashlib
 import json
 import logging
 import random
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
+from urllib.parse import quote, quote_plus
 
 import re2
 
@@ -208,6 +210,25 @@ def _compile(pattern: Any, what: str) -> Any:
                                f"{_shown(reason)}") from None
 
 
+_URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]*")
+
+
+def redacted(err: BaseException, secret: str) -> str:
+    """What went wrong asking an auth server, said without the secret: a URL named
+    (aiohttp's errors name the one asked, whose query holds the secret) loses its
+    query, and the secret, however encoded, is replaced, wherever the text came from
+    (an answer that echoes it among them)."""
+    text = str(err) or type(err).__name__
+    text = _URL.sub(lambda m: m.group().split("?", 1)[0].split("#", 1)[0], text)
+    if secret:
+        from .printable import printable
+        forms = {secret, quote(secret), quote_plus(secret), quote(secret, safe=""),
+                 repr(secret)[1:-1], printable(secret, len(secret))}
+        for form in sorted(forms, key=len, reverse=True):
+            text = text.replace(form, "<secret>")
+    return text
+
+
 def auth_url(address: str) -> str:
     return address if "://" in address else f"http://{address}/auth"
 
@@ -218,7 +239,7 @@ class Identity:
 
     remote_ip: str
     tls: bool
-    secret: str
+    secret: str = field(repr=False)
     common_name: str = ""
 
     def form(self) -> dict[str, str]:
@@ -276,7 +297,8 @@ class Authenticator:
             try:
                 return await self._query_one(address, who)
             except Exception as err:  # every failure is the same to the client: logged
-                problems.append(f"failed to auth against {address} - {err}")
+                problems.append(f"failed to auth against {address} - "
+                                f"{redacted(err, who.secret)}")
         log.warning("AUTH failed for %s: %s", who.remote_ip, "; ".join(problems))
         raise AuthFailed("AUTH failed")
 
@@ -309,10 +331,11 @@ class Authenticator:
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout,
                                               sock_read=self.request_timeout))
         url = auth_url(address)
+        # Redirects are not followed: the secret goes to the servers the operator named.
         if self.method == "post":
-            request = self._session.post(url, data=who.form())
+            request = self._session.post(url, data=who.form(), allow_redirects=False)
         else:
-            request = self._session.get(url, params=who.form())
+            request = self._session.get(url, params=who.form(), allow_redirects=False)
         async with request as reply:
             if reply.status != 200:
                 raise InvalidAuthReply(f"got response {reply.status}")
