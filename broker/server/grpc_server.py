@@ -27,6 +27,7 @@ from ..security.auth import AuthError, Unauthorized
 from ..options import split_listen_address
 from ..security import rules
 from ..security.grpc_auth import principal_of, remote_ip
+from ..security.printable import printable
 from ..stats import ClientIdentity, host_port
 from .limits import STREAM_REPLIES
 
@@ -330,9 +331,10 @@ class BrokerService(pb_grpc.BrokerServicer):
         address, host = peer.partition(":")[2], remote_ip(peer)
         metadata = dict(context.invocation_metadata() or ())
         tls = (context.auth_context() or {}).get("transport_security_type") == [b"ssl"]
-        return ClientIdentity(client_id=client_id or host, hostname=host,
+        # The client's strings escaped once, here: they reach the log and /stats text.
+        return ClientIdentity(client_id=printable(client_id) or host, hostname=host,
                               remote_address=address, version="grpc",
-                              user_agent=str(metadata.get("user-agent", "")), tls=tls,
+                              user_agent=printable(metadata.get("user-agent", "")), tls=tls,
                               authed=bool(self.broker.options.auth_http_addresses))
 
     async def Subscribe(self, request_iterator, context
@@ -434,7 +436,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # a broken client stream
-                log.debug("consumer %s: read failed: %s", consumer.client_id, err)
+                log.debug("consumer %s: read failed: %s", consumer.client_id, printable(err))
             state["done"] = True
             wake.set()
 
@@ -589,7 +591,7 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     # -- leases -----------------------------------------------------------
     async def OpenLeaseSession(self, request, context):
-        session = self.broker.open_lease_session(request.client_id or context.peer(),
+        session = self.broker.open_lease_session(printable(request.client_id) or context.peer(),
                                                  request.session_id, request.grace_ms,
                                                  owner=principal_of(context))
         stream = session.stream

@@ -174,9 +174,18 @@ class _ServerLog:
         elif isinstance(exc_info, HttpProcessingError):
             reason = str(exc_info.message).strip().splitlines()[0] if exc_info.message else ""
             self._log.info("HTTP client %s: bad request (%d): %s",
-                           args[0] if args else "?", exc_info.code, reason[:200])
+                           printable(args[0] if args else "?"), exc_info.code,
+                           printable(reason, 200))
         else:
             self._log.error(msg, *args, exc_info=exc_info or True, **kw)
+
+    def debug(self, msg: str, *args: Any, exc_info: Any = None, **kw: Any) -> None:
+        # aiohttp says a bad method in a connection's first request at debug level, with
+        # its traceback: one line, as every other bad request.
+        if isinstance(exc_info, HttpProcessingError):
+            self.exception(msg, *args, exc_info=exc_info, **kw)
+        else:
+            self._log.debug(msg, *args, exc_info=exc_info, **kw)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._log, name)

@@ -58,6 +58,7 @@ from ..names import check_topic_name
 from ..options import split_listen_address
 from . import wire
 from ..security.guard import Security
+from ..security.printable import printable
 from ..stats import ClientIdentity, host_port
 from .admission import Listener, Ticket, gate_for, serve_accepted
 from .limits import MAX_UNSENT_BYTES
@@ -344,7 +345,8 @@ class V2Connection(asyncio.Protocol):
         err.__traceback__ = err.__context__ = None  # the frames of the refused request go now
         self.send(error_frame(err))
         if err.fatal:
-            log.info("TCP client %s: %s %s", self.client_id, err.code, err.message)
+            log.info("TCP client %s: %s %s", self.client_id, err.code,
+                     printable(err.message, 512))   # names the client sent among it
             self._hang_up()
 
     def _close(self) -> None:
@@ -469,7 +471,7 @@ class V2Connection(asyncio.Protocol):
             self._error(err)
             return
         except Exception as err:
-            log.info("TCP client %s: %s; closing", self.client_id, err)
+            log.info("TCP client %s: %s; closing", self.client_id, printable(err, 512))
             self._waiting = None
             self._hang_up()
             return
@@ -519,8 +521,9 @@ class V2Connection(asyncio.Protocol):
             raise InvalidBody(f"IDENTIFY sample rate ({sample_rate}) is invalid")
         if msg_timeout and not 1000 <= msg_timeout <= opts.max_msg_timeout:
             raise InvalidBody(f"IDENTIFY msg timeout ({msg_timeout}) is invalid")
-        self.client_id = str(data.get("client_id") or self.client_id)
-        self.identified = {key: str(data.get(key) or "")
+        # Escaped here, once: these strings reach the log and /stats text as they are.
+        self.client_id = printable(data.get("client_id") or self.client_id)
+        self.identified = {key: printable(data.get(key) or "")
                            for key in ("client_id", "hostname", "user_agent")}
         if heartbeat:
             self.heartbeat_ms = 0 if heartbeat == -1 else heartbeat
