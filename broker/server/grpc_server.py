@@ -44,6 +44,12 @@ LEASE_HEARTBEAT_SECONDS = 5.0
 # fewer, larger Arrow batches for the reader; still a few ms of encoding each.
 LEASE_FRAME_MESSAGES = 16384
 LEASE_FRAME_BYTES = 2 << 20
+# Streams (calls) open at once on one HTTP/2 connection (HTTP/2's SETTINGS, so a
+# client's further calls wait on its side): with a consumer stream's buffers, what
+# one connection holds. HTTP/2 asks for no fewer than 100.
+MAX_STREAMS_PER_CONNECTION = 100
+# Bytes of a call's metadata (headers): more is refused with RESOURCE_EXHAUSTED.
+MAX_METADATA_BYTES = 16 << 10
 
 
 def status_of(err: BrokerError) -> grpc.StatusCode:
@@ -712,6 +718,9 @@ async def start_grpc_server(broker: Broker, address: str, security=None,
             # nsqd's --max-body-size bounds every request; a larger one is refused
             # (RESOURCE_EXHAUSTED) before it is buffered whole.
             ("grpc.max_receive_message_length", broker.options.max_body_size),
+            ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+            ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+            ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
         ])
     try:
         listen = host_port(host, port)
