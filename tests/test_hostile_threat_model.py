@@ -13,7 +13,7 @@ import pytest
 
 from broker.options import Options
 from broker.security import auth, printable
-from broker.server import admission, limits, wire
+from broker.server import admission, grpc_server, limits, wire
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "threat-model.md"
@@ -67,7 +67,7 @@ def test_each_row_names_a_test_that_exists_or_says_open(row):
 @pytest.mark.parametrize("row", rows(), ids=_row_id)
 def test_each_bound_a_row_names_is_a_constant_or_an_option_of_the_broker(row):
     text = row["bound"] + " " + row["at the bound"]
-    modules = (limits, admission, auth, printable, wire)
+    modules = (limits, admission, auth, printable, wire, grpc_server)
     for name in _CONSTANT.findall(row["bound"]):     # (the answers are nsqd's codes)
         assert any(hasattr(m, name) for m in modules), f"no constant {name}"
     flags = {f.name.replace("_", "-") for f in fields(Options)}
