@@ -2,12 +2,12 @@
 gRPC surfaces of one ``pynsqd`` subprocess, and slow senders (half-sent headers,
 bodies, commands, AUTHs and TLS handshakes, many connections at once, left open).
 After every input the broker must be alive, within a bound of RSS and of open
-descriptors (/proc/PID/fd) over its start, serve a legitimate client, have answered in its protocol (frames
-well formed, nsqd's error codes, no HTTP 500, no gRPC UNKNOWN or INTERNAL), and its
-log must have no traceback, one line per complaint.
+descriptors (/proc/PID/fd) over its start, serve a legitimate client, have answered
+in its protocol (frames well formed, nsqd's error codes, no HTTP 500, no gRPC UNKNOWN
+or INTERNAL), and its log must have no traceback, one line per complaint.
 
-``HOSTILE_FUZZ_EXAMPLES`` (default 150 per surface, a tenth of it for slow senders;
-about 35 s in all) explores further.
+``HOSTILE_FUZZ_EXAMPLES`` (default 150 per surface, a thirtieth of it and two chosen
+cases for slow senders; about 30 s in all) explores further.
 """
 
 from __future__ import annotations
