@@ -84,8 +84,9 @@ def test_slow_auths_from_many_addresses_below_the_pool_leave_a_turn_for_others(s
     with EmbeddedBroker(auth_http_addresses=[slow_auth.address],
                         http_client_connect_timeout="500ms",
                         http_client_request_timeout="60s") as broker:
-        addresses = [f"127.0.0.{i}" for i in range(2, 6)]
-        slow = [v2_auth(broker.tcp_address, "slow", a) for a in addresses for _ in range(26)]
+        # 150 from six addresses, each under its pending bound.
+        addresses = [f"127.0.0.{i}" for i in range(2, 8)]
+        slow = [v2_auth(broker.tcp_address, "slow", a) for a in addresses for _ in range(25)]
         try:
             wait_for(lambda: len(slow_auth.queries) >= 100, 10, 0.01, "pending")
             legit = v2_auth(broker.tcp_address, "good")

@@ -65,7 +65,7 @@ log = logging.getLogger("pynsqd")
 PERMISSIONS = ("publish", "subscribe")
 
 #: Queries to the auth servers asked at once (each holds a connection, a descriptor).
-AUTH_CONNECTIONS = 128
+AUTH_CONNECTIONS = 256
 #: Queries pending at once for one client address; one more is refused at once.
 MAX_PENDING_PER_ADDRESS = 32
 #: The largest answer read from an auth server.
@@ -307,14 +307,17 @@ class Authenticator:
         timeout), then the connect timeout and the request timeout, each its own."""
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.max_connections)
+        # A timeout of 0 is none, as Go's (and so nsqd's) http client reads it.
+        request_timeout = self.request_timeout or None
         try:
-            await asyncio.wait_for(self._slots.acquire(), self.request_timeout)
+            await asyncio.wait_for(self._slots.acquire(), request_timeout)
         except asyncio.TimeoutError:
             raise InvalidAuthReply(f"no connection free within {self.request_timeout:g}s "
                                    f"({self.max_connections} queries pending)") from None
         try:
-            return await asyncio.wait_for(self._ask(address, who),
-                                          self.connect_timeout + self.request_timeout)
+            return await asyncio.wait_for(
+                self._ask(address, who),
+                request_timeout and self.connect_timeout + self.request_timeout)
         except asyncio.TimeoutError:
             raise InvalidAuthReply(f"no answer within {self.request_timeout:g}s") from None
         finally:
@@ -328,14 +331,24 @@ class Authenticator:
             # is off: waiting for a turn never counts against the connect timeout.
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout,
-                                              sock_read=self.request_timeout))
+                timeout=aiohttp.ClientTimeout(total=None,
+                                              sock_connect=self.connect_timeout or None,
+                                              sock_read=self.request_timeout or None))
         url = auth_url(address)
         # Redirects are not followed: the secret goes to the servers the operator named.
         if self.method == "post":
             request = self._session.post(url, data=who.form(), allow_redirects=False)
         else:
             request = self._session.get(url, params=who.form(), allow_redirects=False)
+        try:
+            return await self._answer(request)
+        except aiohttp.ConnectionTimeoutError:
+            raise InvalidAuthReply(f"could not connect within {self.connect_timeout:g}s") \
+                from None
+        except aiohttp.SocketTimeoutError:
+            raise InvalidAuthReply(f"no answer within {self.request_timeout:g}s") from None
+
+    async def _answer(self, request: Any) -> AuthState:
         async with request as reply:
             if reply.status != 200:
                 raise InvalidAuthReply(f"got response {reply.status}")
