@@ -298,3 +298,49 @@ def test_connections_over_the_per_client_cap_are_closed_and_others_served(monkey
             sock.close()
         # A closed connection gives its place back.
         wait_for(lambda: tcp_pub(broker.tcp_address, "t", b"x") == b"OK", 10, 0.05, "served")
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    from .securitykit import make_certs
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+# A TLS ClientHello's first bytes: a handshake begun and never finished.
+HALF_HELLO = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
+
+
+def _closed_within(address: str, sent: bytes, seconds: float) -> bool:
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=seconds) as sock:
+        sock.sendall(sent)
+        try:
+            while sock.recv(4096):
+                pass
+        except TimeoutError:
+            return False
+        except OSError:
+            pass
+    return True
+
+
+@pytest.mark.parametrize("listener", ["https", "tcp upgrade", "grpc"])
+def test_a_tls_or_http2_handshake_left_unfinished_is_closed_after_its_timeout(
+        monkeypatch, certs, listener):
+    from broker.server import grpc_server, http, tcp
+
+    monkeypatch.setattr(http, "TLS_HANDSHAKE_TIMEOUT", 0.5)
+    monkeypatch.setattr(tcp, "TLS_HANDSHAKE_TIMEOUT", 0.5)
+    monkeypatch.setattr(grpc_server, "HANDSHAKE_TIMEOUT_MS", 500)
+    with EmbeddedBroker(tls_cert=certs.server_cert, tls_key=certs.server_key,
+                        https_address="127.0.0.1:0") as broker:
+        if listener == "https":
+            address, sent = broker.https_address, HALF_HELLO
+        elif listener == "tcp upgrade":
+            body = b'{"feature_negotiation": true, "tls_v1": true}'
+            address = broker.tcp_address
+            sent = b"  V2IDENTIFY\n" + struct.pack(">i", len(body)) + body + HALF_HELLO
+        else:
+            address, sent = broker.address, HALF_HELLO
+        assert _closed_within(address, sent, 10)
+        assert _ping_ok(broker.http_address)

@@ -50,6 +50,9 @@ LEASE_FRAME_BYTES = 2 << 20
 MAX_STREAMS_PER_CONNECTION = 100
 # Bytes of a call's metadata (headers): more is refused with RESOURCE_EXHAUSTED.
 MAX_METADATA_BYTES = 16 << 10
+# Milliseconds a new connection has for its handshake (TLS, HTTP/2's preface and
+# settings); past it grpc-core closes it.
+HANDSHAKE_TIMEOUT_MS = 10_000
 
 
 def status_of(err: BrokerError) -> grpc.StatusCode:
@@ -721,6 +724,7 @@ async def start_grpc_server(broker: Broker, address: str, security=None,
             ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
             ("grpc.max_metadata_size", MAX_METADATA_BYTES),
             ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
+            ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
         ])
     try:
         listen = host_port(host, port)

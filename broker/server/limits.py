@@ -35,5 +35,6 @@ HTTP_IDLE_TIMEOUT = 30.0
 #: answer: past it the client gets 408 ``REQUEST_TIMEOUT`` and the connection is
 #: closed. With the headers' HTTP_IDLE_TIMEOUT, a whole request has at most their sum.
 HTTP_BODY_TIMEOUT = 60.0
-#: Seconds an HTTPS client has to finish its TLS handshake.
+#: Seconds a client has to finish its TLS handshake (HTTPS, and TCP's upgrade after
+#: IDENTIFY); past it the connection is closed.
 TLS_HANDSHAKE_TIMEOUT = 10.0

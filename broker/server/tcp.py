@@ -61,7 +61,7 @@ from ..security.guard import Security
 from ..security.printable import printable
 from ..stats import ClientIdentity, host_port
 from .admission import Listener, Ticket, gate_for, serve_accepted
-from .limits import MAX_UNSENT_BYTES
+from .limits import MAX_UNSENT_BYTES, TLS_HANDSHAKE_TIMEOUT
 from .wire import (FRAME_RESPONSE, MAGIC_V2, Incomplete, LineTooLong, base10, error_frame,
                    frame, message_id)
 
@@ -752,7 +752,8 @@ class V2Connection(asyncio.Protocol):
         self._flush()  # the IDENTIFY answer goes out in plain text, then the handshake
         transport = await self.loop.start_tls(self.transport, self,
                                               self.server.security.tls_context,
-                                              server_side=True, ssl_handshake_timeout=5)
+                                              server_side=True,
+                                              ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT)
         self.transport = transport
         self.reading = True        # the TLS transport reads from the start
         self.tls = True
