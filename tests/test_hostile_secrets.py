@@ -10,7 +10,6 @@ import socket
 import urllib.request
 from urllib.parse import quote, quote_plus
 
-import grpc
 import pytest
 
 from broker import Client, ClientError, EmbeddedBroker

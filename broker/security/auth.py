@@ -159,7 +159,8 @@ def parse_reply(data: bytes | str, now: float) -> AuthState:
         raise InvalidAuthReply("authorizations is not a list")
     if len(raws) > MAX_AUTHORIZATIONS:
         raise InvalidAuthReply(f"{len(raws)} authorizations, over {MAX_AUTHORIZATIONS}")
-    regexes = sum(1 + len(r.get("channels") or []) for r in raws if isinstance(r, dict))
+    regexes = sum(1 + len(r["channels"] if isinstance(r.get("channels"), list) else ())
+                  for r in raws if isinstance(r, dict))
     if regexes > MAX_REGEXES:
         raise InvalidAuthReply(f"{regexes} regexes, over {MAX_REGEXES}")
     auths = []
@@ -200,7 +201,8 @@ def _shown(value: Any, quoted: bool = False) -> str:
 
 def _compile(pattern: Any, what: str) -> Any:
     if not isinstance(pattern, str):
-        raise InvalidAuthReply(f"unable to compile {what} {_shown(pattern, True)}: not a string")
+        raise InvalidAuthReply(f"unable to compile {what} {_shown(pattern, True)}: "
+                               f"not a string")
     try:
         return re2.compile(pattern, _RE2_OPTIONS)
     except re2.error as err:

@@ -193,6 +193,18 @@ async def accept_forever(sock: socket.socket, gate: ConnectionGate, name: str,
             log.exception("%s: could not serve a connection", name)
 
 
+_tasks: set[asyncio.Task] = set()
+
+
+def spawn(coro: Any) -> asyncio.Task:
+    """A task for an accepted connection's start, kept until it is done (the loop keeps
+    only a weak reference to a task)."""
+    task = asyncio.get_running_loop().create_task(coro)
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+    return task
+
+
 async def serve_accepted(sock: socket.socket, ticket: Ticket, protocol_factory,
                          **kwargs: Any) -> None:
     """``loop.connect_accepted_socket`` (TLS handshake included, with ``ssl``); the

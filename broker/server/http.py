@@ -38,7 +38,7 @@ from ..security.auth import AuthError, AuthFirst, Unauthorized
 from ..security.hosts import HostPolicy
 from ..security.printable import printable
 from ..stats import host_port
-from .admission import Listener, Ticket, gate_for, serve_accepted
+from .admission import Listener, Ticket, gate_for, serve_accepted, spawn
 from .limits import HTTP_BODY_TIMEOUT, HTTP_IDLE_TIMEOUT, TLS_HANDSHAKE_TIMEOUT
 from .wire import parse_mpub
 
@@ -411,16 +411,24 @@ class HttpApi:
 
         server.connection_lost = connection_lost  # type: ignore[method-assign]
         ssl = self.security.tls_context if self.tls else None
-        loop = asyncio.get_running_loop()
+
+        async def serve_one(sock: socket.socket, ticket: Ticket) -> None:
+            made: list[Any] = []
+
+            def handler() -> Any:
+                made.append(server())
+                tickets[made[-1]] = ticket
+                return made[-1]
+
+            await serve_accepted(
+                sock, ticket, handler, ssl=ssl,
+                **({"ssl_handshake_timeout": TLS_HANDSHAKE_TIMEOUT} if ssl else {}))
+            if ticket.released:      # a handshake that failed: its handler never ran
+                for h in made:
+                    tickets.pop(h, None)
 
         def serve(sock: socket.socket, ticket: Ticket) -> None:
-            def handler() -> Any:
-                made = server()
-                tickets[made] = ticket
-                return made
-            loop.create_task(serve_accepted(
-                sock, ticket, handler, ssl=ssl,
-                **({"ssl_handshake_timeout": TLS_HANDSHAKE_TIMEOUT} if ssl else {})))
+            spawn(serve_one(sock, ticket))
 
         try:
             self.listener = await Listener.start(

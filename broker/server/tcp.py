@@ -60,7 +60,7 @@ from . import wire
 from ..security.guard import Security
 from ..security.printable import printable
 from ..stats import ClientIdentity, host_port
-from .admission import Listener, Ticket, gate_for, serve_accepted
+from .admission import Listener, Ticket, gate_for, serve_accepted, spawn
 from .limits import MAX_UNSENT_BYTES, TLS_HANDSHAKE_TIMEOUT
 from .wire import (FRAME_RESPONSE, MAGIC_V2, Incomplete, LineTooLong, base10, error_frame,
                    frame, message_id)
@@ -799,11 +799,9 @@ class TcpServer:
         there the same way (``pynsqd --workers``: the kernel spreads connections).
         Connections are admitted by the broker's ``ConnectionGate`` (admission.py)."""
         host, port = split_listen_address(address, "tcp-address")
-        loop = asyncio.get_running_loop()
 
         def serve(sock: socket.socket, ticket: Ticket) -> None:
-            loop.create_task(serve_accepted(
-                sock, ticket, lambda: V2Connection(self.broker, self, ticket)))
+            spawn(serve_accepted(sock, ticket, lambda: V2Connection(self.broker, self, ticket)))
 
         try:
             self.listener = await Listener.start(host or None, port, gate_for(self.broker),
