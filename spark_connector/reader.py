@@ -166,7 +166,8 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         gone = self.keeper.adopt(int(end.get("batch", 0)), end.get("leases", {}))
         o = self.options
         n = o.num_partitions
-        return [LeaseSlice(lease["address"], lease["lease"], p, n, o.topic, o.channel,
+        return [LeaseSlice(self.keeper.where(lease) or lease["address"], lease["lease"], p, n,
+                           o.topic, o.channel,
                            o.timeout_ms / 1000, lease.get("broker", ""), o.fail_on_data_loss,
                            o.security)
                 for _, lease in sorted(end.get("leases", {}).items(), key=lambda kv: int(kv[0]))

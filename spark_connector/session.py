@@ -78,14 +78,22 @@ class _BrokerSession:
         self.durable = True
         # Whether its Reserve FINs the leases named with it first (one round trip a trigger).
         self.reserve_finishes = False
+        # What names the broker wherever it answers (Info's ``identity``; "" from a broker
+        # too old to say): offsets name leases by it, so a broker that moved is found.
+        self.identity = ""
         try:
             self.client.ping(timeout=options.timeout_ms / 1000)
-            info = self.client.info()
-            self.durable, self.reserve_finishes = info.durable, info.reserve_finishes
+            self.learn()
             self.open()
         except BrokerUnavailable as err:
             self.client.close()
             raise unreachable(address, err, options) from None
+
+    def learn(self) -> None:
+        """Ask the broker what it is (durable, its identity, what it can do)."""
+        info = self.client.info()
+        self.durable, self.reserve_finishes = info.durable, info.reserve_finishes
+        self.identity = info.identity
 
     @property
     def broker_id(self) -> str:
@@ -103,6 +111,7 @@ class _BrokerSession:
                 self.session.close()  # a stream replaced (or already ended) is let go
             self.session = session
             if previous and not session.resumed:
+                self.learn()  # a restart, or another broker now on this address
                 log.warning("pynsq: lease session on %s had ended (the broker restarted, or "
                             "its grace period passed); opened a new one", self.address)
             return session.resumed
@@ -237,6 +246,10 @@ class LeaseKeeper:
         self._open: dict[int, dict[str, dict]] = {}  # batch -> leases of its offset
         self._unfinished: dict[str, set[str]] = {}  # address -> leases whose FIN failed
         self._unfinished_leases: dict[str, dict] = {}  # their offsets' entries, by id
+        # Leases to FIN whose broker is not among those connected (it moved and is not
+        # listed yet, or is down): kept, by id, and sent once it is found.
+        self._homeless: dict[str, dict] = {}
+        self._told_homeless: set[str] = set()  # brokers whose absence was logged
         # Leases this keeper FINed (the last few): Spark's ``commit(end)`` and the next
         # ``latestOffset(start=end)`` name the same batch; its FIN is sent once.
         self._finished: OrderedDict[str, None] = OrderedDict()
@@ -331,6 +344,28 @@ class LeaseKeeper:
         session = self._sessions.get(address)
         return session.broker_id if session is not None else None
 
+    def where(self, lease: dict) -> str | None:
+        """The address the broker holding ``lease`` answers at now, or None if it is not
+        among the brokers connected. A lease names its broker by identity (the address it
+        had may now be another broker's, or nobody's); one written before identities were
+        named is looked for at its address."""
+        identity = lease.get("identity")
+        if not identity:
+            return lease["address"] if lease["address"] in self._sessions else None
+        if self._sessions.get(lease["address"]) is not None \
+                and self._sessions[lease["address"]].identity == identity:
+            return lease["address"]
+        for address, session in self._sessions.items():
+            if session.identity == identity:
+                return address
+        return None
+
+    def _absent(self, lease: dict, doing: str) -> str:
+        who = (f"broker {lease['identity']} (last at {lease['address']})"
+               if lease.get("identity") else f"the broker at {lease['address']}")
+        return (f"pynsq source: {doing} lease {lease['lease']}: {who} is not among the brokers "
+                f"of option {self._option} now")
+
     # -- driver calls --------------------------------------------------------
     def ensure_channel(self, addresses: Iterable[str] | None = None) -> None:
         """Create the channel on every broker (or those of ``addresses``), so it gets
@@ -379,6 +414,10 @@ class LeaseKeeper:
         reserved from, or one that cannot (an older broker), gets them on their own first.
         With availableNow they go first, on their own: what a FIN finds lost to a broker
         restart is added back to what this reserve is to read."""
+        if self._fleet is not None or not self.options.fail_on_data_loss:
+            # First: a broker found again (it moved, it is back) gets its kept FINs now,
+            # before a reserve could lease their messages to this batch.
+            self._connect()
         fins = None
         if finish_through is not None:
             if self.target is not None:
@@ -405,8 +444,6 @@ class LeaseKeeper:
 
     def _reserve(self, batch: int, wanted: int, max_bytes: int, fins: "_Fins | None",
                  finished: dict[str, object], tried: set[str]) -> dict[str, dict]:
-        if self._fleet is not None or not self.options.fail_on_data_loss:
-            self._connect()
         target = self.target
         # A broker that left the fleet is not reserved from; its leases are still FINed.
         listed = set(self.brokers())
@@ -448,7 +485,8 @@ class LeaseKeeper:
                 if not lease_id:
                     continue
                 leases[str(len(leases))] = {"address": address, "lease": lease_id,
-                                            "count": count, "broker": self.broker_id(address)}
+                                            "count": count, "broker": self.broker_id(address),
+                                            "identity": self._sessions[address].identity}
                 left -= count
                 bytes_left -= size
                 if target is not None:
@@ -476,16 +514,29 @@ class LeaseKeeper:
         by_address: dict[str, list[str]] = {}
         restarted: dict[str, tuple[dict, str]] = {}  # made by an earlier instance
         for lease in leases.values():
-            current = self.broker_id(lease["address"])
+            address = self.where(lease)
+            if address is None:
+                what = self._absent(lease, f"replaying batch {batch}, cannot adopt")
+                if self.options.fail_on_data_loss:
+                    raise BrokerUnreachable(
+                        f"{what}: give its address now in option {self._option} (its "
+                        f"messages are kept there), or set failOnDataLoss=false to replay "
+                        f"without them (they are read later, once it is found)")
+                log.warning("%s; replaying without its %s message(s) (failOnDataLoss=false)",
+                            what, lease.get("count", "?"))
+                gone.add(lease["lease"])
+                continue
+            lease = {**lease, "address": address}
+            current = self.broker_id(address)
             if lease.get("broker") and current is not None and lease["broker"] != current:
-                session = self._sessions.get(lease["address"])
+                session = self._sessions.get(address)
                 if session is None or not session.durable:
                     self._lost_to_restart(batch, lease, current)
                     gone.add(lease["lease"])
                     continue
                 # A durable broker keeps its leases across a restart: adopt it there.
                 restarted[lease["lease"]] = (lease, current)
-            by_address.setdefault(lease["address"], []).append(lease["lease"])
+            by_address.setdefault(address, []).append(lease["lease"])
         adopted = self._each_broker(by_address, lambda s: s.adopt(by_address[s.address]),
                                     "adopting leases")
         for address, (count, missing) in adopted.items():
@@ -537,13 +588,29 @@ class LeaseKeeper:
                            if lease["lease"] not in self._finished})
             by_address = self._unfinished
             self._unfinished = {}
-            for leases in groups:
-                for lease in leases.values():
-                    by_address.setdefault(lease["address"], set()).add(lease["lease"])
+            groups.append(self._homeless)
+            self._homeless = {}
             made_by = {**self._unfinished_leases,
                        **{lease["lease"]: lease for leases in groups for lease in leases.values()}}
             self._unfinished_leases = {}
+            for leases in groups:
+                for lease in leases.values():
+                    address = self.where(lease)
+                    if address is None:
+                        # Never dropped: its messages would be read again.
+                        self._keep_homeless(lease)
+                        continue
+                    by_address.setdefault(address, set()).add(lease["lease"])
         return _Fins(by_address, made_by)
+
+    def _keep_homeless(self, lease: dict) -> None:
+        self._homeless[lease["lease"]] = lease
+        who = lease.get("identity") or lease["address"]
+        if who not in self._told_homeless:
+            self._told_homeless.add(who)
+            log.warning("%s; its FIN is kept and sent once that broker is found (until then "
+                        "it holds its messages, or they wait in its channel)",
+                        self._absent(lease, "cannot FIN"))
 
     def _send_fins(self, fins: "_Fins", addresses: Iterable[str]) -> dict[str, object]:
         # A FIN that does not get through loses nothing: it is kept and sent with the next

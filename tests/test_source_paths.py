@@ -1,0 +1,122 @@
+"""The source's driver and executor halves on the paths a broker takes: moved to a new
+address, down for a while, down for good; called as Spark calls them, without Spark.
+Real brokers on loopback, real data paths; each counts message ids."""
+
+from __future__ import annotations
+
+import socket
+
+from broker import Client, EmbeddedBroker
+from spark_connector.options import ReaderOptions
+from spark_connector.session import LeaseKeeper
+
+from .spark_helpers import publish
+
+
+def keeper_options(*addresses: str, **extra) -> ReaderOptions:
+    options = {"address": ",".join(addresses), "topic": "events", "channel": "spark",
+               "msgTimeoutMs": "60000", "timeoutMs": "2000"}
+    options.update(extra)
+    return ReaderOptions.parse(options)
+
+
+def free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def leased_ids(address: str, leases: dict[str, dict]) -> set[str]:
+    with Client(address) as c:
+        return {i for lease in leases.values() if lease["address"] == address
+                for frame in c.fetch_lease(lease["lease"], 0, 1) for i in _ids(frame)}
+
+
+def _ids(frame) -> list[str]:
+    return [frame.ids[i:i + 16].decode() for i in range(0, len(frame.ids), 16)]
+
+
+def two_once_runs(address: str) -> tuple[set[str], dict, dict]:
+    """What two ``once`` runs leave: batch 1 committed and FINed, batch 2 committed but
+    not FINed (a ``once`` run FINs it at the next start), its lease requeued as the run
+    stops. Returns (ids of both batches, offset of batch 1, offset of batch 2)."""
+    first = LeaseKeeper(keeper_options(address))
+    first.ensure_channel()
+    batch1 = first.reserve(1, 10, 1 << 20)
+    read = leased_ids(address, batch1)
+    first.finish_through(1, batch1)
+    first.requeue_open()
+    first.close()
+    second = LeaseKeeper(keeper_options(address))
+    batch2 = second.reserve(2, 10, 1 << 20, finish_through=(1, batch1))
+    read |= leased_ids(address, batch2)
+    second.requeue_open()
+    second.close()
+    return read, batch1, batch2
+
+
+def test_offsets_name_each_lease_by_its_brokers_identity_kept_in_its_data_path(tmp_path):
+    data = str(tmp_path / "data")
+    with EmbeddedBroker(data_path=data) as first:
+        identity, first_address = first.broker.identity, first.address
+        keeper = LeaseKeeper(keeper_options(first.address))
+        try:
+            keeper.ensure_channel()
+            with Client(first.address) as c:
+                publish(c, "events", 5)
+                assert c.info().identity == identity
+            assert keeper.reserve(1, 10, 1 << 20)["0"]["identity"] == identity
+        finally:
+            keeper.close()
+    with EmbeddedBroker(data_path=data) as moved, EmbeddedBroker() as memory_only:
+        assert moved.address != first_address and moved.broker.identity == identity
+        assert memory_only.broker.identity not in ("", identity)
+
+
+def test_a_checkpoint_reused_after_its_broker_moved_fins_what_was_committed_there(tmp_path):
+    """Two ``once`` runs read 20; the durable broker restarts on new ports with the same
+    data path; a run from the same checkpoint, given the new address, reads the other 20
+    and none of the first (the FIN of batch 2 reaches the broker where it is now)."""
+    data = str(tmp_path / "data")
+    with EmbeddedBroker(data_path=data) as old:
+        with Client(old.address) as c:
+            c.create_channel("events", "spark")
+            published = publish(c, "events", 40)
+        old_address = old.address
+        read, _, batch2 = two_once_runs(old_address)
+    assert len(read) == 20
+    with EmbeddedBroker(data_path=data) as moved:
+        assert moved.address != old_address
+        keeper = LeaseKeeper(keeper_options(moved.address))
+        try:
+            batch3 = keeper.reserve(3, 100, 1 << 20, finish_through=(2, batch2))
+            assert [lease["address"] for lease in batch3.values()] == [moved.address]
+            later = leased_ids(moved.address, batch3)
+            assert later == published - read          # 0 duplicates, 0 lost
+        finally:
+            keeper.close()
+
+
+def test_a_fin_whose_broker_is_not_found_is_kept_and_sent_once_it_is_found(tmp_path):
+    """Its broker is down when the run starts (failOnDataLoss=false reads the others): the
+    FIN of its committed batch is kept, and sent when it answers at its new address,
+    before anything is reserved from it."""
+    data = str(tmp_path / "data")
+    with EmbeddedBroker(data_path=data) as old:
+        with Client(old.address) as c:
+            c.create_channel("events", "spark")
+            published = publish(c, "events", 40)
+        read, _, batch2 = two_once_runs(old.address)
+    new_address = free_address()
+    with EmbeddedBroker() as other:
+        keeper = LeaseKeeper(keeper_options(other.address, new_address,
+                                            failOnDataLoss="false"))
+        try:
+            keeper.ensure_channel()
+            assert keeper.reserve(3, 100, 1 << 20, finish_through=(2, batch2)) == {}
+            with EmbeddedBroker(data_path=data, grpc_address=new_address):
+                batch4 = keeper.reserve(4, 100, 1 << 20, finish_through=(3, {}))
+                later = leased_ids(new_address, batch4)
+            assert later == published - read          # 0 duplicates, 0 lost
+        finally:
+            keeper.close()
