@@ -96,6 +96,7 @@ class LeaseSlice(InputPartition):
     broker_id: str = ""              # the broker instance that made the lease
     fail_on_data_loss: bool = True   # a lease gone fails the task, else reads nothing
     security: ClientSecurity | None = None  # TLS files, auth secret (never shown)
+    reconnect_timeout_s: float = 0.0  # how long a fetch waits for a silent broker
 
 
 class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -169,7 +170,7 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [LeaseSlice(self.keeper.where(lease) or lease["address"], lease["lease"], p, n,
                            o.topic, o.channel,
                            o.timeout_ms / 1000, lease.get("broker", ""), o.fail_on_data_loss,
-                           o.security)
+                           o.security, o.reconnect_timeout_ms / 1000)
                 for _, lease in sorted(end.get("leases", {}).items(), key=lambda kv: int(kv[0]))
                 if lease["lease"] not in gone
                 for p in range(n)]

@@ -4,12 +4,17 @@ Real brokers on loopback, real data paths; each counts message ids."""
 
 from __future__ import annotations
 
+import logging
 import socket
+import threading
 
 from broker import Client, EmbeddedBroker
+from spark_connector.fetch import fetch_slice
 from spark_connector.options import ReaderOptions
+from spark_connector.reader import LeaseSlice
 from spark_connector.session import LeaseKeeper
 
+from .helpers import wait_for
 from .spark_helpers import publish
 
 
@@ -120,3 +125,66 @@ def test_a_fin_whose_broker_is_not_found_is_kept_and_sent_once_it_is_found(tmp_p
             assert later == published - read          # 0 duplicates, 0 lost
         finally:
             keeper.close()
+
+
+def test_a_fetch_cut_by_a_broker_restart_waits_for_it_and_yields_each_row_once(tmp_path):
+    """A task's fetch has yielded its first frame when its broker stops; it waits (it does
+    not fail), the broker comes back on its address within reconnectTimeoutMs, and the
+    fetch yields the rest: every message of the slice once."""
+    data = str(tmp_path / "data")
+    old = EmbeddedBroker(data_path=data).start()
+    address = old.address
+    # msgTimeoutMs 2 s: the keeper touches (and so finds the restart) every 0.5 s.
+    keeper = LeaseKeeper(keeper_options(address, msgTimeoutMs="2000"))
+    warned = Caught("pynsq.spark", "trying again")
+    try:
+        keeper.ensure_channel()
+        with Client(address) as c:    # 20 MiB: ten frames, more than gRPC buffers ahead
+            published = {i for _ in range(10) for i in c.multi_publish(
+                "events", [b"%1024d" % n for n in range(2000)])}
+        lease = keeper.reserve(1, 20_000, 1 << 30)["0"]
+        part = LeaseSlice(address, lease["lease"], 0, 1, "events", "spark", 5.0,
+                          lease["broker"], reconnect_timeout_s=60.0)
+        stream = fetch_slice(part)
+        got = next(stream).column(0).to_pylist()
+        old.stop()
+        rest: dict = {}
+
+        def read_on() -> None:
+            try:
+                rest["ids"] = [i for b in stream for i in b.column(0).to_pylist()]
+            except Exception as err:  # noqa: BLE001 - the test asserts there was none
+                rest["error"] = err
+
+        thread = threading.Thread(target=read_on, daemon=True)
+        thread.start()
+        wait_for(lambda: warned.records or not thread.is_alive(), 60,
+                 message="the fetch to find its broker gone")
+        with EmbeddedBroker(data_path=data, grpc_address=address):
+            thread.join(120)
+            assert "error" not in rest, rest.get("error")
+            got += rest["ids"]
+            assert len(got) == len(set(got))      # 0 duplicates
+            assert set(got) == published            # 0 lost
+    finally:
+        warned.close()
+        keeper.close()
+        old.stop()
+
+
+class Caught(logging.Handler):
+    """Log records of ``logger`` whose message holds ``text``."""
+
+    def __init__(self, logger: str, text: str) -> None:
+        super().__init__()
+        self.text, self.records = text, []
+        self.logger = logging.getLogger(logger)
+        self.logger.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.records.append(record)
+
+    def close(self) -> None:
+        self.logger.removeHandler(self)
+        super().close()
