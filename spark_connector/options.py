@@ -107,10 +107,11 @@ class ReaderOptions:
     lookupd_addresses: tuple[str, ...] = ()  # nsqlookupd HTTP host:port; then addresses is []
     lookupd_poll_interval_ms: int = 5000     # how often the fleet is asked again, at most
     reconnect_timeout_ms: int = DEFAULT_RECONNECT_TIMEOUT_MS  # a broker silent longer: unreachable
+    fail_on_broker_down: bool = False   # a durable broker unreachable stops the query
 
     NAMES = ("address", "lookupdHttpAddress", "lookupdPollIntervalMs", "topic", "channel", "maxMessagesPerTrigger", "maxBytesPerTrigger",
              "msgTimeoutMs", "numPartitions", "timeoutMs", "clientId", "failOnDataLoss",
-             "maxAttempts", "reconnectTimeoutMs", *SPARK_OPTIONS)
+             "maxAttempts", "reconnectTimeoutMs", "failOnBrokerDown", *SPARK_OPTIONS)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "ReaderOptions":
@@ -132,6 +133,7 @@ class ReaderOptions:
             timeout_ms=_int(given, "timeoutMs", 10_000, minimum=100),
             client_id=given.get("clientid", ""),
             fail_on_data_loss=_bool(given, "failOnDataLoss", True),
+            fail_on_broker_down=_bool(given, "failOnBrokerDown", False),
             reconnect_timeout_ms=_int(given, "reconnectTimeoutMs", DEFAULT_RECONNECT_TIMEOUT_MS,
                                       minimum=0),
             security=security_options(given),

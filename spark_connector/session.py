@@ -212,13 +212,15 @@ class _BrokerSession:
 
 
 def unreachable(address: str, err: Exception, options: ReaderOptions | None = None,
-                silent: bool = False) -> BrokerUnreachable:
+                silent: bool = False, durable: bool = False) -> BrokerUnreachable:
     where = ("listed by nsqlookupd, option lookupdHttpAddress"
              if options is not None and options.lookupd_addresses else "option address")
     how_long = (f", silent for longer than reconnectTimeoutMs ({options.reconnect_timeout_ms}"
                 f" ms)" if silent and options is not None else "")
+    why = (" (failOnBrokerDown=true; with false the other brokers are read meanwhile and "
+           "its messages once it is back)" if durable else "")
     return BrokerUnreachable(f"pynsq source: cannot reach the broker at {address} "
-                             f"({where}){how_long}: {err}")
+                             f"({where}){how_long}: {err}{why}")
 
 
 def expand_workers(options: ReaderOptions) -> list[str]:
@@ -249,6 +251,9 @@ class LeaseKeeper:
         # Leases to FIN whose broker is not among those connected (it moved and is not
         # listed yet, or is down): kept, by id, and sent once it is found.
         self._homeless: dict[str, dict] = {}
+        # Durable brokers silent past reconnectTimeoutMs (address -> since, epoch seconds):
+        # read again once they answer; their messages are late, not lost.
+        self.down: dict[str, float] = {}
         self._told_homeless: set[str] = set()  # brokers whose absence was logged
         # Leases this keeper FINed (the last few): Spark's ``commit(end)`` and the next
         # ``latestOffset(start=end)`` name the same batch; its FIN is sent once.
@@ -313,10 +318,14 @@ class LeaseKeeper:
 
     def _each_broker(self, addresses: Iterable[str], action: Callable[[_BrokerSession], object],
                      what: str, may_fail_query: bool = True,
-                     wait: bool = True) -> dict[str, object]:
-        """Run ``action`` on each broker; one that fails does not stop the others. With
-        ``failOnDataLoss`` a broker that stays unreachable fails the query, unless the
-        call cannot lose data (``may_fail_query=False``: a FIN is kept and sent again).
+                     wait: bool = True, late: bool = True) -> dict[str, object]:
+        """Run ``action`` on each broker; one that fails does not stop the others. A broker
+        that stays unreachable fails the query unless the call cannot lose data
+        (``may_fail_query=False``: a FIN is kept and sent again), and then only as the
+        options say: a durable broker's messages wait for it (late, not lost), so it
+        fails the query only with ``failOnBrokerDown``, unless ``late=False`` (a replay,
+        which must read what it read before); one that keeps them in memory only fails
+        it with ``failOnDataLoss``.
         ``wait=False``: a silent broker is not waited for (see ``_BrokerSession.call``)."""
         results: dict[str, object] = {}
         for address in addresses:
@@ -330,10 +339,31 @@ class LeaseKeeper:
                 # back into the channel.
                 results[address] = session.call(action, wait)
             except BrokerUnavailable as err:
-                if self.options.fail_on_data_loss and may_fail_query:
-                    raise unreachable(address, err, self.options, silent=wait) from None
-                log.warning("pynsq: %s on %s failed: %s", what, address, err)
+                waits_for_it = late and session.durable
+                if may_fail_query and (self.options.fail_on_broker_down if waits_for_it
+                                       else self.options.fail_on_data_loss):
+                    raise unreachable(address, err, self.options, silent=wait,
+                                      durable=waits_for_it) from None
+                if may_fail_query and waits_for_it and wait:
+                    self._went_down(session, err)
+                else:
+                    log.warning("pynsq: %s on %s failed: %s", what, address, err)
+                continue
+            if self.down.pop(address, None) is not None:
+                log.warning("pynsq source: broker %s is back; reading its messages again",
+                            address)
         return results
+
+    def _went_down(self, session: _BrokerSession, err: Exception) -> None:
+        if session.address in self.down:
+            return
+        self.down[session.address] = time.time()
+        log.warning("pynsq source: broker %s (%s) of topic %s did not answer for longer than "
+                    "reconnectTimeoutMs (%d ms): %s. It keeps its messages (durable): they are "
+                    "read once it is back, late but not lost; reading the other brokers "
+                    "meanwhile (set failOnBrokerDown=true to stop the query instead)",
+                    session.address, session.identity, self.options.topic,
+                    self.options.reconnect_timeout_ms, err)
 
     def held_on(self, address: str) -> list[str]:
         with self._lock:
@@ -385,12 +415,38 @@ class LeaseKeeper:
         """Each broker's depth now: what the last ``reserve``'s answer from it said (a
         reserve's answer carries the depth it left behind), else asked with Stats."""
         fresh = self._reserved_depths or {}
-        asked = [a for a in self._sessions if a not in fresh]
+        asked = [a for a in self._sessions if a not in fresh and a not in self.down]
         if asked:
             self.ensure_channel(asked)
         depths = self._each_broker(asked, lambda s: s.depth(), "stats")
         return {a: fresh[a] if a in fresh else depths[a]
                 for a in self._sessions if a in fresh or a in depths}
+
+    def progress(self) -> dict:
+        """What a user watches, per broker: the channel's depth, the messages this query
+        holds in batches not committed yet (in flight), and their sum (its lag); brokers
+        down, whose messages are late."""
+        depths = self.latest_depths()
+        with self._lock:
+            held: dict[str, int] = {}
+            for leases in self._open.values():
+                for lease in leases.values():
+                    held[lease["address"]] = held.get(lease["address"], 0) + int(lease["count"])
+        brokers: dict[str, dict] = {}
+        for address, session in self._sessions.items():
+            entry: dict = {"identity": session.identity, "inFlight": held.get(address, 0)}
+            if address in depths:
+                entry["depth"] = depths[address]
+                entry["lag"] = depths[address] + entry["inFlight"]
+            if address in self.down:
+                entry["down"] = (f"not answering since "
+                                 f"{time.strftime('%H:%M:%S', time.gmtime(self.down[address]))}"
+                                 f" UTC: its messages are late, not lost")
+            brokers[address] = entry
+        return {"source": f"pynsq topic {self.options.topic} channel {self.options.channel}",
+                "depth": sum(depths.values()),
+                "lag": sum(e.get("lag", e["inFlight"]) for e in brokers.values()),
+                "brokersDown": len(self.down), "brokers": brokers}
 
     def planned(self, batch: int) -> dict | None:
         """The offset of ``batch`` if it was reserved and not finished yet."""
@@ -538,7 +594,7 @@ class LeaseKeeper:
                 restarted[lease["lease"]] = (lease, current)
             by_address.setdefault(address, []).append(lease["lease"])
         adopted = self._each_broker(by_address, lambda s: s.adopt(by_address[s.address]),
-                                    "adopting leases")
+                                    "adopting leases", late=False)
         for address, (count, missing) in adopted.items():
             log.info("replaying batch %d: adopted %d message(s) of %d lease(s) on %s",
                      batch, count, len(by_address[address]), address)

@@ -8,11 +8,13 @@ import logging
 import socket
 import threading
 
+import pytest
+
 from broker import Client, EmbeddedBroker
 from spark_connector.fetch import fetch_slice
 from spark_connector.options import ReaderOptions
 from spark_connector.reader import LeaseSlice
-from spark_connector.session import LeaseKeeper
+from spark_connector.session import BrokerUnreachable, LeaseKeeper
 
 from .helpers import wait_for
 from .spark_helpers import publish
@@ -188,3 +190,80 @@ class Caught(logging.Handler):
     def close(self) -> None:
         self.logger.removeHandler(self)
         super().close()
+
+
+def test_a_fleet_with_a_durable_broker_down_reads_the_others_and_its_messages_once_back(
+        tmp_path, broker, client):
+    """One durable broker of two stops answering: past reconnectTimeoutMs the batches read
+    the other one, the progress says which is down, and once it is back its messages are
+    read: late, not lost, none twice."""
+    data = str(tmp_path / "data")
+    down = EmbeddedBroker(data_path=data).start()
+    address = down.address
+    keeper = LeaseKeeper(keeper_options(broker.address, address, reconnectTimeoutMs="300"))
+    try:
+        keeper.ensure_channel()
+        with Client(address) as c:
+            published = publish(c, "events", 30)
+        down.stop()
+        published |= publish(client, "events", 20)
+        batch1 = keeper.reserve(1, 100, 1 << 20)
+        assert [lease["address"] for lease in batch1.values()] == [broker.address]
+        got = leased_ids(broker.address, batch1)
+        progress = keeper.progress()
+        assert progress["brokersDown"] == 1
+        assert "late, not lost" in progress["brokers"][address]["down"]
+        assert progress["brokers"][broker.address]["inFlight"] == 20
+        with EmbeddedBroker(data_path=data, grpc_address=address):
+            batches = [batch1]
+
+            def a_trigger_reads_it() -> bool:  # as a processing-time trigger goes on
+                n = len(batches)
+                batches.append(keeper.reserve(n + 1, 100, 1 << 20,
+                                              finish_through=(n, batches[-1])))
+                return any(lease["address"] == address for lease in batches[-1].values())
+
+            wait_for(a_trigger_reads_it, 60, message="a batch read from the broker back")
+            later = [i for b in batches[1:] for a in (broker.address, address)
+                     for i in leased_ids(a, b)]
+            assert keeper.progress()["brokersDown"] == 0
+        every = sorted(got) + later
+        assert len(every) == len(set(every)) == 50 and set(every) == published
+    finally:
+        keeper.close()
+        down.stop()
+
+
+def test_fail_on_broker_down_stops_the_query_naming_the_broker_and_the_option(tmp_path, broker):
+    data = str(tmp_path / "data")
+    down = EmbeddedBroker(data_path=data).start()
+    address = down.address
+    keeper = LeaseKeeper(keeper_options(broker.address, address, reconnectTimeoutMs="300",
+                                        failOnBrokerDown="true"))
+    try:
+        keeper.ensure_channel()
+        down.stop()
+        with pytest.raises(BrokerUnreachable, match=f"{address} .*failOnBrokerDown=true"):
+            keeper.reserve(1, 100, 1 << 20)
+    finally:
+        keeper.close()
+
+
+def test_the_progress_names_topic_and_channel_and_each_brokers_depth_in_flight_and_lag(
+        broker, client):
+    publish(client, "events", 30)
+    keeper = LeaseKeeper(keeper_options(broker.address))
+    try:
+        keeper.ensure_channel()
+        batch1 = keeper.reserve(1, 10, 1 << 20)
+        progress = keeper.progress()
+        assert progress["source"] == "pynsq topic events channel spark"
+        assert progress["brokers"] == {broker.address: {
+            "identity": broker.broker.identity, "depth": 20, "inFlight": 10, "lag": 30}}
+        assert (progress["depth"], progress["lag"], progress["brokersDown"]) == (20, 30, 0)
+        keeper.planned(2)
+        keeper.reserve(2, 5, 1 << 20, finish_through=(1, batch1))
+        assert keeper.progress()["brokers"][broker.address] == {
+            "identity": broker.broker.identity, "depth": 15, "inFlight": 5, "lag": 20}
+    finally:
+        keeper.close()

@@ -156,13 +156,20 @@ def test_processing_time_trigger_picks_up_messages_published_while_running(
     assert recorder.duplicates() == {}
 
 
-def test_progress_reports_the_backlog_as_latest_offset(spark, broker, client, tmp_path):
+def test_progress_reports_the_backlog_per_broker_as_latest_offset(
+        spark, broker, client, tmp_path):
+    import json
+
     publish(client, "events", 600)
     recorder = Recorder()
     query = run_available_now(reader(spark, broker.address, "events",
                                      maxMessagesPerTrigger=200), tmp_path / "ck", recorder)
-    latest = [p["sources"][0]["latestOffset"] for p in query.recentProgress]
-    assert any('"depth"' in (offset or "") for offset in latest)
+    latest = [json.loads(p["sources"][0]["latestOffset"]) for p in query.recentProgress
+              if p["sources"][0]["latestOffset"]]
+    assert latest[0]["source"] == "pynsq topic events channel spark"
+    # The first batch's progress: 200 in flight, 400 waiting, a lag of 600.
+    assert latest[0]["brokers"][broker.address] == {
+        "identity": broker.broker.identity, "depth": 400, "inFlight": 200, "lag": 600}
 
 
 @pytest.mark.parametrize("options, named", [
@@ -246,7 +253,7 @@ def test_offsets_in_the_checkpoint_are_the_documented_json(spark, broker, client
     lease = offset["leases"]["0"]
     assert offset == {"batch": 1, "leases": {"0": {
         "address": broker.address, "lease": lease["lease"], "count": 7,
-        "broker": broker.broker.instance_id}}}
+        "broker": broker.broker.instance_id, "identity": broker.broker.identity}}}
     assert re.fullmatch("[0-9a-f]{24}", lease["lease"])
     source = PynsqStreamReader({"address": broker.address, "topic": "events",
                                 "channel": "spark"})
