@@ -50,12 +50,13 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (ReadLimit, ReadMaxBytes, ReadMaxRows,
-                                              SupportsTriggerAvailableNow)
+from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxBytes,
+                                              ReadMaxRows, SupportsTriggerAvailableNow)
 
 from broker.security.client import ClientSecurity
 
@@ -103,6 +104,8 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options) -> None:
         self.options = ReaderOptions.parse(options)
         self._keeper: LeaseKeeper | None = None   # driver side only, made on first use
+        # When the last batch was planned (minMessagesPerTrigger waits from there).
+        self._last_batch_at = time.monotonic()
 
     def __getstate__(self) -> dict:
         # read() runs in executors from a pickled reader: ship the options only.
@@ -138,6 +141,9 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if planned is not None:
             keeper.finish_through(batch, start.get("leases", {}))
             return planned
+        if self._holds_back(limit):
+            keeper.finish_through(batch, start.get("leases", {}))
+            return start
         # Every batch is bounded: Spark's limit if it gives one, else the options'.
         o = self.options
         wanted = limit.max_rows if isinstance(limit, ReadMaxRows) else o.max_messages_per_trigger
@@ -147,7 +153,27 @@ class PynsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                 finish_through=(batch, start.get("leases", {})))
         if not leases:
             return start
+        self._last_batch_at = time.monotonic()
         return {"batch": batch + 1, "leases": leases}
+
+    def _holds_back(self, limit: ReadLimit) -> bool:
+        """minMessagesPerTrigger (Kafka's minOffsetsPerTrigger): fewer messages ready than
+        that makes no batch, until maxTriggerDelay has passed since the last one. Not with
+        availableNow, nor when Spark asks for all that is available."""
+        o = self.options
+        if not o.min_messages_per_trigger or self.keeper.target is not None \
+                or isinstance(limit, ReadAllAvailable):
+            return False
+        waited = time.monotonic() - self._last_batch_at
+        if waited >= o.max_trigger_delay_ms / 1000:
+            return False
+        ready = sum(self.keeper.latest_depths().values())
+        if ready >= o.min_messages_per_trigger:
+            return False
+        log.info("pynsq source: %d message(s) ready, fewer than minMessagesPerTrigger (%d): no "
+                 "batch yet (%.0f s of maxTriggerDelay %d ms waited)", ready,
+                 o.min_messages_per_trigger, waited, o.max_trigger_delay_ms)
+        return True
 
     def reportLatestOffset(self) -> dict | None:
         # Spark shows this in each progress as the source's ``latestOffset`` (PySpark has

@@ -267,3 +267,31 @@ def test_the_progress_names_topic_and_channel_and_each_brokers_depth_in_flight_a
             "identity": broker.broker.identity, "depth": 15, "inFlight": 5, "lag": 20}
     finally:
         keeper.close()
+
+
+def test_min_offsets_per_trigger_holds_a_batch_back_until_enough_or_max_trigger_delay(
+        broker, client):
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from spark_connector.reader import PynsqStreamReader
+
+    source = PynsqStreamReader({"address": broker.address, "topic": "events",
+                                "channel": "spark", "minOffsetsPerTrigger": "50",
+                                "maxTriggerDelay": "1h"})
+    hurried = PynsqStreamReader({"address": broker.address, "topic": "events",
+                                 "channel": "hurried", "minOffsetsPerTrigger": "50",
+                                 "maxTriggerDelay": "300ms"})
+    try:
+        start, early = source.initialOffset(), hurried.initialOffset()
+        publish(client, "events", 30)
+        assert source.latestOffset(start, ReadMaxRows(1000)) == start        # 30 < 50: wait
+        publish(client, "events", 30)
+        batch = source.latestOffset(start, ReadMaxRows(1000))
+        assert sum(lease["count"] for lease in batch["leases"].values()) == 60
+        # Fewer than the minimum, but maxTriggerDelay passes: a batch of what is there.
+        later = wait_for(lambda: hurried.latestOffset(early, ReadMaxRows(1000)).get("leases"),
+                         30, message="maxTriggerDelay to pass")
+        assert sum(lease["count"] for lease in later.values()) == 60
+    finally:
+        source.stop()
+        hurried.stop()
