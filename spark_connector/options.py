@@ -6,6 +6,7 @@ bad value, raises ``OptionError`` naming it, so the query fails at start.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from dataclasses import dataclass
@@ -123,6 +124,17 @@ def require_name(given: dict[str, str], name: str, kind: str) -> str:
     return value
 
 
+def require_names(given: dict[str, str], name: str, kind: str) -> tuple[str, ...]:
+    """A comma-separated list of names (one at least), each checked, in order, once."""
+    raw = given.get(name.lower()) or ""
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    if not names:
+        raise OptionError(f"option {name} is required")
+    for value in names:
+        require_name({name.lower(): value}, name, kind)
+    return tuple(dict.fromkeys(names))
+
+
 def _bool(given: dict[str, str], name: str, default: bool) -> bool:
     raw = given.get(name.lower())
     if raw is None:
@@ -150,7 +162,7 @@ DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60_000
 @dataclass(frozen=True)
 class ReaderOptions:
     addresses: list[str]
-    topic: str
+    topics: tuple[str, ...]   # one or more: option topic (or subscribe) is a list
     channel: str
     max_messages_per_trigger: int
     max_bytes_per_trigger: int
@@ -173,6 +185,14 @@ class ReaderOptions:
              "timeoutMs", "clientId", "failOnDataLoss", "maxAttempts", "reconnectTimeoutMs", "failOnBrokerDown", "minMessagesPerTrigger",
              "maxTriggerDelay", *KAFKA_ALIASES, *SPARK_OPTIONS)
 
+    @property
+    def topic(self) -> str:
+        """The topic of a one-topic source (each topic of a list has its own ``for_topic``)."""
+        return self.topics[0]
+
+    def for_topic(self, topic: str) -> "ReaderOptions":
+        return dataclasses.replace(self, topics=(topic,))
+
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "ReaderOptions":
         given = _lower(options)
@@ -182,7 +202,7 @@ class ReaderOptions:
             addresses=addresses,
             lookupd_addresses=tuple(lookupd),
             lookupd_poll_interval_ms=_int(given, "lookupdPollIntervalMs", 5000, minimum=100),
-            topic=require_name(given, _as_given(given, "topic"), "topic"),
+            topics=require_names(given, _as_given(given, "topic"), "topic"),
             channel=require_name(given, "channel", "channel"),
             max_messages_per_trigger=_int(given, _as_given(given, "maxMessagesPerTrigger"),
                                           DEFAULT_MAX_MESSAGES_PER_TRIGGER),

@@ -17,7 +17,7 @@ from spark_connector.reader import LeaseSlice
 from spark_connector.session import BrokerUnreachable, LeaseKeeper
 
 from .helpers import wait_for
-from .spark_helpers import publish
+from .spark_helpers import channel_stats, publish
 
 
 def keeper_options(*addresses: str, **extra) -> ReaderOptions:
@@ -295,3 +295,41 @@ def test_min_offsets_per_trigger_holds_a_batch_back_until_enough_or_max_trigger_
     finally:
         source.stop()
         hurried.stop()
+
+
+def test_one_source_reads_several_topics_sharing_the_limit_and_naming_each_rows_topic(
+        broker, client):
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from spark_connector.reader import PynsqStreamReader
+
+    source = PynsqStreamReader({"address": broker.address, "subscribe": "events, audit",
+                                "channel": "spark"})
+    try:
+        start = source.initialOffset()
+        published = {"events": publish(client, "events", 30),
+                     "audit": publish(client, "audit", 30)}
+        read: dict[str, list[str]] = {"events": [], "audit": []}
+
+        def run(start_: dict, end: dict) -> None:   # as Spark runs a planned batch
+            for part in source.partitions(start_, end):
+                for batch in source.read(part):
+                    for i, topic in zip(batch.column(0).to_pylist(),
+                                        batch.column(4).to_pylist()):
+                        read[topic].append(i)
+
+        first = source.latestOffset(start, ReadMaxRows(40))     # 20 of each
+        assert [(lease["topic"], lease["count"]) for lease in first["leases"].values()] == [
+            ("events", 20), ("audit", 20)]
+        run(start, first)
+        second = source.latestOffset(first, ReadMaxRows(40))    # the 10 left of each
+        run(first, second)
+        assert {t: set(ids) for t, ids in read.items()} == published
+        assert sum(map(len, read.values())) == 60                 # none twice
+        source.commit(second)
+        for topic in ("events", "audit"):
+            stats = channel_stats(client, topic)
+            assert (stats.depth, stats.in_flight_count, stats.finish_count) == (0, 0, 30)
+        assert set(source.reportLatestOffset()["topics"]) == {"events", "audit"}
+    finally:
+        source.stop()

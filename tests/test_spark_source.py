@@ -253,7 +253,8 @@ def test_offsets_in_the_checkpoint_are_the_documented_json(spark, broker, client
     lease = offset["leases"]["0"]
     assert offset == {"batch": 1, "leases": {"0": {
         "address": broker.address, "lease": lease["lease"], "count": 7,
-        "broker": broker.broker.instance_id, "identity": broker.broker.identity}}}
+        "broker": broker.broker.instance_id, "identity": broker.broker.identity,
+        "topic": "events"}}}
     assert re.fullmatch("[0-9a-f]{24}", lease["lease"])
     source = PynsqStreamReader({"address": broker.address, "topic": "events",
                                 "channel": "spark"})
