@@ -388,7 +388,10 @@ class LeaseKeeper:
         for address, session in self._sessions.items():
             if session.identity == identity:
                 return address
-        return None
+        # A broker that keeps messages in memory only takes a new identity on each start:
+        # the one at the lease's address now is that broker restarted (its leases gone).
+        here = self._sessions.get(lease["address"])
+        return lease["address"] if here is not None and not here.durable else None
 
     def _absent(self, lease: dict, doing: str) -> str:
         who = (f"broker {lease['identity']} (last at {lease['address']})"

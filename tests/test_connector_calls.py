@@ -105,7 +105,8 @@ def test_a_replayed_lease_of_a_memory_only_broker_since_restarted_is_data_loss(b
     start = failed.initialOffset()
     first = failed.latestOffset(start, ReadMaxRows(4))
     failed.stop()
-    first["leases"]["0"]["broker"] = "an-earlier-instance"   # the broker restarted since
+    # The broker restarted since: a memory-only broker's instance and identity both change.
+    first["leases"]["0"].update(broker="an-earlier-instance", identity="n1-an-earlier-one")
     replay = reader_of(broker.address)
     try:
         with pytest.raises(DataLoss, match=r"batch 1 planned to read 4 message\(s\) of lease "
