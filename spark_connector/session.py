@@ -13,9 +13,16 @@ Brokers fail apart: one that does not answer stops neither the reads nor the
 TOUCHes of the others. A broker that answered before and stops answering (it
 restarts, the network blips) is waited for: a call to it is retried, as the
 client reconnects, until ``reconnectTimeoutMs`` has passed since its first
-unanswered call. Only then is it unreachable: with ``failOnDataLoss`` (the
-default) that fails the query, naming its address; without, the query goes on
-with the others and tries it again, without waiting, on each trigger.
+unanswered call. Only then is it down. A durable broker keeps its messages, so
+the query goes on with the others (its messages late, not lost; the log and the
+progress say so) and tries it again, without waiting, on each trigger, unless
+``failOnBrokerDown`` asks to stop; one that keeps messages in memory only fails
+the query with ``failOnDataLoss`` (the default), naming its address.
+
+A broker is known by its identity (Info's ``identity``, kept in its data path),
+not its address: offsets name each lease's broker by it, and a lease is FINed
+or adopted wherever that broker answers now. A FIN whose broker is not among
+those connected is kept, and sent once it is found.
 """
 
 from __future__ import annotations
