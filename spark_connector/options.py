@@ -119,9 +119,13 @@ def require_name(given: dict[str, str], name: str, kind: str) -> str:
     if not value:
         raise OptionError(f"option {name} is required")
     if not is_valid_name(value):
-        raise OptionError(f"option {name}: invalid {kind} name {value!r} (1-64 characters of "
-                          f"[.a-zA-Z0-9_-], optionally ending in #ephemeral)")
+        raise OptionError(_invalid_name(name, kind, value))
     return value
+
+
+def _invalid_name(option: str, kind: str, value: str) -> str:
+    return (f"option {option}: invalid {kind} name {value!r} (1-64 characters of "
+            f"[.a-zA-Z0-9_-], optionally ending in #ephemeral)")
 
 
 def require_names(given: dict[str, str], name: str, kind: str) -> tuple[str, ...]:
@@ -130,8 +134,9 @@ def require_names(given: dict[str, str], name: str, kind: str) -> tuple[str, ...
     names = [n.strip() for n in raw.split(",") if n.strip()]
     if not names:
         raise OptionError(f"option {name} is required")
-    for value in names:
-        require_name({name.lower(): value}, name, kind)
+    bad = next((value for value in names if not is_valid_name(value)), None)
+    if bad is not None:
+        raise OptionError(_invalid_name(name, kind, bad))
     return tuple(dict.fromkeys(names))
 
 
