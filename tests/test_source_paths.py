@@ -333,3 +333,34 @@ def test_one_source_reads_several_topics_sharing_the_limit_and_naming_each_rows_
         assert set(source.reportLatestOffset()["topics"]) == {"events", "audit"}
     finally:
         source.stop()
+
+
+def test_a_checkpoint_reused_after_its_broker_moved_finds_it_through_nsqlookupd(tmp_path):
+    """As with option address, but the new address is what nsqlookupd lists."""
+    from spark_connector.discovery import discover
+
+    from .nsqkit import Lookupd
+
+    lookupd = Lookupd().start()
+    data = str(tmp_path / "data")
+    registered = dict(data_path=data, lookupd_tcp_address=(lookupd.tcp_address,),
+                      broadcast_address="127.0.0.1", http_address="127.0.0.1:0")
+    try:
+        with EmbeddedBroker(**registered) as old:
+            with Client(old.address) as c:
+                c.create_channel("events", "spark")
+                published = publish(c, "events", 40)
+            read, _, batch2 = two_once_runs(old.address)
+        with EmbeddedBroker(**registered) as moved:
+            wait_for(lambda: discover([lookupd.http_address], "events") == [moved.address],
+                     60, message="nsqlookupd to list the broker at its new address")
+            keeper = LeaseKeeper(ReaderOptions.parse({
+                "lookupdHttpAddress": lookupd.http_address, "topic": "events",
+                "channel": "spark", "timeoutMs": "2000"}))
+            try:
+                batch3 = keeper.reserve(3, 100, 1 << 20, finish_through=(2, batch2))
+                assert leased_ids(moved.address, batch3) == published - read
+            finally:
+                keeper.close()
+    finally:
+        lookupd.stop()
