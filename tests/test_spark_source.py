@@ -208,28 +208,35 @@ class Bodies:
     def __init__(self) -> None:
         self.bodies: Counter = Counter()
         self.partitions: list[set[int]] = []
+        self.topics: set[str] = set()
 
     def __call__(self, df, batch_id: int) -> None:
-        rows = df.select("body", spark_partition_id().alias("p")).collect()
+        rows = df.select("body", "topic", spark_partition_id().alias("p")).collect()
         self.bodies.update(bytes(r.body) for r in rows)
         self.partitions.append({r.p for r in rows})
+        self.topics.update(r.topic for r in rows)
 
 
-def test_several_comma_separated_addresses_are_each_read_by_one_query(
+def test_several_comma_separated_addresses_and_topics_are_each_read_by_one_query(
         spark, broker, client, tmp_path):
     from broker import Client, EmbeddedBroker
 
     with EmbeddedBroker() as other, Client(other.address, timeout=10) as other_client:
+        client.create_channel("audit", "spark")
         client.multi_publish("events", [f"first-{i}" for i in range(100)])
         other_client.multi_publish("events", [f"second-{i}" for i in range(100)])
+        client.multi_publish("audit", [f"third-{i}" for i in range(50)])
         seen = Bodies()
-        run_available_now(reader(spark, f"{broker.address}, {other.address}", "events",
+        run_available_now(reader(spark, f"{broker.address}, {other.address}", "events,audit",
                                  maxMessagesPerTrigger=80), tmp_path / "ck", seen)
         assert seen.bodies == Counter([f"first-{i}".encode() for i in range(100)]
-                                      + [f"second-{i}".encode() for i in range(100)])
-        for c in (client, other_client):
-            stats = channel_stats(c, "events")
-            assert (stats.depth, stats.in_flight_count, stats.finish_count) == (0, 0, 100)
+                                      + [f"second-{i}".encode() for i in range(100)]
+                                      + [f"third-{i}".encode() for i in range(50)])
+        assert seen.topics == {"events", "audit"}
+        for c, topic, n in ((client, "events", 100), (other_client, "events", 100),
+                            (client, "audit", 50)):
+            stats = channel_stats(c, topic)
+            assert (stats.depth, stats.in_flight_count, stats.finish_count) == (0, 0, n)
 
 
 def test_by_default_a_batch_from_one_broker_is_read_in_two_tasks(spark, broker, client, tmp_path):
