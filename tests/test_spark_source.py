@@ -228,7 +228,7 @@ def test_several_comma_separated_addresses_and_topics_are_each_read_by_one_query
         client.multi_publish("audit", [f"third-{i}" for i in range(50)])
         seen = Bodies()
         run_available_now(reader(spark, f"{broker.address}, {other.address}", "events,audit",
-                                 maxMessagesPerTrigger=80), tmp_path / "ck", seen)
+                                 maxMessagesPerTrigger=200), tmp_path / "ck", seen)
         assert seen.bodies == Counter([f"first-{i}".encode() for i in range(100)]
                                       + [f"second-{i}".encode() for i in range(100)]
                                       + [f"third-{i}".encode() for i in range(50)])
