@@ -87,7 +87,7 @@ def fetch_slice(part) -> Iterator[pa.RecordBatch]:
     nothing; with ``failOnDataLoss=false`` a lease that ended reads nothing and
     logs why (one asked of the wrong broker instance still fails).
     """
-    window = getattr(part, "reconnect_timeout_s", 0.0)
+    window = part.reconnect_timeout_s
     yielded: list[pa.Array] = []   # ids yielded so far, should the stream break
     first_failure: float | None = None
     delay = 0.1
