@@ -596,7 +596,9 @@ class BrokerService(pb_grpc.BrokerServicer):
                                max_msg_timeout_ms=o.max_msg_timeout,
                                max_req_timeout_ms=o.max_req_timeout,
                                durable=bool(o.data_path), reserve_finishes=True,
-                               workers=[w["grpc"] for w in self.broker.workers])
+                               workers=[w["grpc"] for w in self.broker.workers],
+                               identity=self.broker.identity,
+                               node_id=self.broker.new_id.node_id)
 
     # -- leases -----------------------------------------------------------
     async def OpenLeaseSession(self, request, context):
