@@ -1,7 +1,8 @@
 """``pynsqd``: the broker daemon.
 
     pynsqd                                    # gRPC on 127.0.0.1:4170, memory only
-    pynsqd --config conf/pynsqd.toml          # options from TOML
+    pynsqd --print-config > pynsqd.toml       # every option, commented, at its default
+    pynsqd --config pynsqd.toml               # options from TOML
     pynsqd --msg-timeout 30s --max-rdy-count 5000
 
 Flags override the file, which overrides the defaults; nsqd's single-dash form
@@ -18,6 +19,7 @@ import re
 import resource
 import signal
 import sys
+from importlib import resources
 
 from . import __version__
 from .app import BrokerApp, new_event_loop
@@ -28,10 +30,25 @@ from .security.tls import exposure_warnings
 from .storage import DataPathLocked
 
 
+class PrintConfig(argparse.Action):
+    """``--print-config``: the commented config file shipped in the package (the
+    repository's ``conf/pynsqd.toml``), to start one's own from."""
+
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        sys.stdout.write(resources.files("broker").joinpath("pynsqd.toml").read_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="pynsqd", description="pynsq broker daemon (NSQ's model, served over gRPC)")
     parser.add_argument("--config", metavar="FILE", help="TOML file of options")
+    parser.add_argument("--print-config", action=PrintConfig,
+                        help="print a config file listing every option at its default, "
+                             "commented, and exit (pynsqd --print-config > pynsqd.toml)")
     parser.add_argument("--version", action="version", version=f"pynsqd {__version__}")
     for name, (default, help_text, is_duration) in option_help().items():
         help_text = help_text.replace("%", "%%")
