@@ -9,8 +9,22 @@ INSTALLED := $(VENV)/.installed
 
 .PHONY: demo test test-lowest bench crashloop mutants protos check-python check-java clean
 
-demo: check-java $(INSTALLED)
-	$(BIN)/python examples/demo.py
+# The demo needs the spark extra only (no test tools), installed quietly: pip's output goes
+# to $(VENV)/pip.log and is shown only when the install fails. An environment `make test`
+# installed has it already.
+DEMO_INSTALLED := $(VENV)/.installed-spark
+demo: check-java $(DEMO_INSTALLED)
+	@$(BIN)/python examples/demo.py
+
+$(DEMO_INSTALLED): pyproject.toml | check-python
+	@if [ -f $(INSTALLED) ] && [ $(INSTALLED) -nt pyproject.toml ]; then touch $@; exit 0; fi; \
+	echo "Installing pynsq-broker[spark] into $(VENV)/ (the first time only; pip's log: $(VENV)/pip.log)"; \
+	$(PYTHON) -m venv $(VENV) && \
+	{ $(BIN)/python -m pip install --disable-pip-version-check --upgrade pip && \
+	  $(BIN)/python -m pip install --disable-pip-version-check -e '.[spark]' \
+	      --config-settings editable_mode=compat; } > $(VENV)/pip.log 2>&1 || \
+	{ tail -n 30 $(VENV)/pip.log; echo "pip failed: the whole log is $(VENV)/pip.log"; exit 1; }; \
+	touch $@
 
 # The suite runs in $(TEST_WORKERS) processes (pytest-xdist); the tests on the shared Spark
 # session all run in one of them. TEST_WORKERS=0 runs it in this one process.
