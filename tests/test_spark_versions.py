@@ -86,3 +86,17 @@ def test_the_source_is_refused_exactly_where_pyspark_lacks_admission_control():
     else:
         with pytest.raises(compat.UnsupportedSparkVersion, match="needs PySpark 4.2"):
             compat.require_stream_reader()
+
+
+def test_without_pyspark_the_connector_says_which_extra_to_install():
+    import subprocess
+    import sys
+
+    # ``None`` in sys.modules makes ``import pyspark`` fail as a missing package does.
+    result = subprocess.run([sys.executable, "-c", "import sys; sys.modules['pyspark'] = None; "
+                             "import spark_connector"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == ("ModuleNotFoundError: spark_connector needs PySpark (4.0 to 4.3), which is "
+                    "not installed: pip install 'pynsq-broker[spark]'")
