@@ -89,34 +89,35 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     pub = sub.add_parser("pub", help="publish BODY, or one message per line of stdin")
-    pub.add_argument("topic")
-    pub.add_argument("body", nargs="?")
+    pub.add_argument("topic", help="the topic to publish to (made if it does not exist)")
+    pub.add_argument("body", nargs="?", help="the message body; without it, each line of "
+                     "stdin is one message (sent in MPUBs of %d)" % PUB_BATCH)
     pub.add_argument("--defer-ms", type=bounded_int(0, MAX_DEFER_MS), default=0,
                      help="deliver no earlier than this many milliseconds from now")
     pub.add_argument("--ttl", type=_duration, default=0,
                      help="never deliver after this long, e.g. 60s (default: the topic's)")
 
     tail = sub.add_parser("tail", help="print each message body on its own line and FIN it")
-    tail.add_argument("topic")
+    tail.add_argument("topic", help="the topic to read")
     tail.add_argument("--channel", help="channel to read (default: a new ephemeral channel, "
                       "so that each tail sees every message, as nsq_tail does)")
     tail.add_argument("-n", type=bounded_int(0, 2**63 - 1), default=0,
                       help="stop after N messages (0: never)")
 
     stats = sub.add_parser("stats", help="print topics and channels with their counts")
-    stats.add_argument("--topic", default="")
-    stats.add_argument("--channel", default="")
+    stats.add_argument("--topic", default="", help="only this topic")
+    stats.add_argument("--channel", default="", help="only this channel")
 
     topic = sub.add_parser("topic", help="topic admin")
-    topic.add_argument("action", choices=ADMIN_ACTIONS)
-    topic.add_argument("topic")
+    topic.add_argument("action", choices=ADMIN_ACTIONS, help="what to do to the topic")
+    topic.add_argument("topic", help="the topic's name")
     topic.add_argument("--ttl", type=_duration, default=None,
                        help="create: default ttl of the topic's messages, e.g. 60s (0: none)")
 
     channel = sub.add_parser("channel", help="channel admin")
-    channel.add_argument("action", choices=ADMIN_ACTIONS)
-    channel.add_argument("topic")
-    channel.add_argument("channel")
+    channel.add_argument("action", choices=ADMIN_ACTIONS, help="what to do to the channel")
+    channel.add_argument("topic", help="the channel's topic")
+    channel.add_argument("channel", help="the channel's name")
     channel.add_argument("--max-attempts", type=bounded_int(0, MAX_ATTEMPTS), default=None,
                          help="create: deliveries after which a message goes to the "
                               "dead-letter topic (0: never)")

@@ -1,7 +1,8 @@
 """``pynsqd``: the broker daemon.
 
     pynsqd                                    # gRPC on 127.0.0.1:4170, memory only
-    pynsqd --config conf/pynsqd.toml          # options from TOML
+    pynsqd --print-config > pynsqd.toml       # every option, commented, at its default
+    pynsqd --config pynsqd.toml               # options from TOML
     pynsqd --msg-timeout 30s --max-rdy-count 5000
 
 Flags override the file, which overrides the defaults; nsqd's single-dash form
@@ -12,46 +13,98 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import gc
 import logging
 import re
 import resource
 import signal
+import socket
 import sys
+from importlib import resources
 
 from . import __version__
 from .app import BrokerApp, new_event_loop
 from .backlog import READ_AHEAD
 from .cli import OneLineParser
-from .options import Options, format_duration, option_flag, option_help
+from .options import (Options, format_duration, option_flag, option_help,
+                      split_listen_address)
 from .security.tls import exposure_warnings
 from .storage import DataPathLocked
 
 
+# `pynsqd --help` in the order an operator looks for things; nsqd's options that pynsqd
+# takes only at one value come last. An option named nowhere here is shown under "other".
+HELP_GROUPS = {
+    "listeners": ("grpc_address", "tcp_address", "http_address", "https_address"),
+    "storage": ("data_path", "mem_queue_size", "max_bytes_per_file", "sync_every",
+                "sync_timeout", "max_disk_bytes", "max_memory_bytes"),
+    "limits": ("msg_timeout", "max_msg_timeout", "max_req_timeout", "max_msg_size",
+               "max_body_size", "max_rdy_count", "max_attempts", "dedupe_window",
+               "dedupe_capacity"),
+    "security (TLS and NSQ's auth)": (
+        "tls_cert", "tls_key", "tls_root_ca_file", "tls_client_auth_policy", "tls_required",
+        "tls_min_version", "auth_http_addresses", "auth_http_request_method",
+        "http_client_connect_timeout", "http_client_request_timeout", "http_allowed_hosts"),
+    "fleet (nsqlookupd, statsd, every core)": (
+        "lookupd_tcp_address", "broadcast_address", "broadcast_tcp_port",
+        "broadcast_http_port", "node_id", "workers", "statsd_address", "statsd_prefix",
+        "statsd_interval", "statsd_udp_packet_size", "statsd_exclude_ephemeral"),
+    "process": ("log_level", "log_prefix", "event_loop"),
+}
+IGNORED_GROUP = "nsqd options pynsqd accepts at one value only (any other is refused, saying why)"
+
+
+def _help_group(name: str) -> str:
+    if Options.__dataclass_fields__[name].metadata.get("fixed"):
+        return IGNORED_GROUP
+    return next((group for group, names in HELP_GROUPS.items() if name in names), "other")
+
+
+class PrintConfig(argparse.Action):
+    """``--print-config``: the commented config file shipped in the package (the
+    repository's ``conf/pynsqd.toml``), to start one's own from."""
+
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        sys.stdout.write(resources.files("broker").joinpath("pynsqd.toml").read_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
-        prog="pynsqd", description="pynsq broker daemon (NSQ's model, served over gRPC)")
+        prog="pynsqd", description="pynsq broker daemon (NSQ's model, served over gRPC). "
+        "Flags override the --config file, which overrides the defaults; durations are "
+        "written as nsqd's (500ms, 60s, 1m30s, 1.5h).")
     parser.add_argument("--config", metavar="FILE", help="TOML file of options")
+    parser.add_argument("--print-config", action=PrintConfig,
+                        help="print a config file listing every option at its default, "
+                             "commented, and exit (pynsqd --print-config > pynsqd.toml)")
     parser.add_argument("--version", action="version", version=f"pynsqd {__version__}")
+    groups = {name: parser.add_argument_group(name)
+              for name in [*HELP_GROUPS, "other", IGNORED_GROUP]}
     for name, (default, help_text, is_duration) in option_help().items():
+        group = groups[_help_group(name)]
         help_text = help_text.replace("%", "%%")
         if isinstance(default, tuple):  # repeatable, one value per flag (--auth-http-address)
-            parser.add_argument(option_flag(name), dest=name, default=None, action="append",
-                                help=help_text)
+            group.add_argument(option_flag(name), dest=name, default=None, action="append",
+                               help=help_text)
             continue
         if isinstance(default, bool):  # Go's: --flag, --flag=true, --flag=false
-            parser.add_argument(option_flag(name), dest=name, default=None, nargs="?",
-                                const="true", metavar="true|false",
-                                help=f"{help_text} (default: {str(default).lower()})")
+            group.add_argument(option_flag(name), dest=name, default=None, nargs="?",
+                               const="true", metavar="true|false",
+                               help=f"{help_text} (default: {str(default).lower()})")
             continue
         shown = format_duration(default) if is_duration else default
         if shown not in ("", None) and f"({shown}:" not in help_text:
             help_text += f" (default: {shown})".replace("%", "%%")
         metavar = ("DURATION" if is_duration else "HOST:PORT" if name.endswith("_address")
                    else "N" if isinstance(default, int) else None)
-        parser.add_argument(option_flag(name), dest=name, default=None,
-                            type=str if is_duration or isinstance(default, str) else int,
-                            metavar=metavar, help=help_text)
+        group.add_argument(option_flag(name), dest=name, default=None,
+                           type=str if is_duration or isinstance(default, str) else int,
+                           metavar=metavar, help=help_text)
     return parser
 
 
@@ -143,24 +196,80 @@ async def serve(options: Options) -> None:
     await app.stop()
 
 
+def file_error(err: OSError, paths: dict[str, str]) -> str:
+    """An error about a file one of ``paths`` (flag -> its value) names, said as
+    ``--flag VALUE: what is wrong``; any other error as it is."""
+    filename = str(err.filename) if getattr(err, "filename", None) else ""
+    for flag, value in paths.items():
+        if not value or not filename:
+            continue
+        if filename == value:
+            if flag == "--data-path" and err.errno in (errno.EEXIST, errno.ENOTDIR):
+                return f"{flag} {value}: is a file; it must be a directory (or not exist yet)"
+            return f"{flag} {value}: {err.strerror or err}"
+        if filename.startswith(value.rstrip("/") + "/"):
+            return f"{flag} {value}: {filename}: {err.strerror or err}"
+    return str(err)
+
+
+def check_grpc_address_free(address: str) -> None:
+    """Refuse a gRPC address something already listens on, in the broker's own words:
+    gRPC's server would first print a line of its own (``E... add_port.cc``)."""
+    host, port = split_listen_address(address, "grpc-address")
+    if port == 0:
+        return
+    for family, kind, proto, _, where in socket.getaddrinfo(host or None, port,
+                                                            type=socket.SOCK_STREAM,
+                                                            flags=socket.AI_PASSIVE):
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+            try:
+                probe.bind(where)
+            except OSError:
+                raise OSError(f"cannot listen on {address} (gRPC, --grpc-address): address in "
+                              f"use or not available") from None
+
+
+def storage_mode(options: Options) -> str:
+    if not options.data_path:
+        return "memory only (nothing is kept across a restart; --data-path keeps it)"
+    return (f"durable in {options.data_path} (fsync every {options.sync_every} messages or "
+            f"{format_duration(options.sync_timeout)})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(go_flags(sys.argv[1:] if argv is None else argv))
     try:
         options = options_from_args(args)
     except (ValueError, TypeError, OSError) as err:
-        parser.error(str(err))
+        message = (file_error(err, {"--config": args.config or ""}) if isinstance(err, OSError)
+                   else str(err))
+        if args.config and message.startswith(f"{args.config}:"):  # the file's own errors
+            message = f"--config {message}"
+        parser.error(message)
     logging.basicConfig(level=options.log_level.upper(), stream=sys.stderr,
                         format=options.log_prefix.replace("%", "%%")
                         + "%(asctime)s %(levelname)s: %(message)s")
+    log = logging.getLogger("pynsqd")
+    log.info("pynsqd %s; config file: %s; storage: %s", __version__,
+             args.config or "none (defaults and flags)", storage_mode(options))
+    paths = {"--data-path": options.data_path, "--tls-cert": options.tls_cert,
+             "--tls-key": options.tls_key, "--tls-root-ca-file": options.tls_root_ca_file,
+             "--config": args.config or ""}
     from .workers import run_supervisor, uses_worker_layout
     try:   # a supervisor of one broker process per worker
         if options.workers > 1 or uses_worker_layout(options.data_path):
             return run_supervisor(options)
     except (OSError, DataPathLocked, ValueError) as err:
-        logging.getLogger("pynsqd").error("%s", err)
+        log.error("%s", file_error(err, paths) if isinstance(err, OSError) else err)
         return 1
-    logging.getLogger("pynsqd").info("open-file limit: %d", raise_open_file_limit())
+    try:
+        check_grpc_address_free(options.grpc_address)
+    except OSError as err:
+        log.error("%s", err)
+        return 1
+    log.info("open-file limit: %d", raise_open_file_limit())
     tune_garbage_collector()
     freeze_start_up_objects()
     try:
@@ -171,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         with asyncio.Runner(loop_factory=lambda: loop) as runner:
             runner.run(serve(options))
     except (OSError, DataPathLocked) as err:
-        logging.getLogger("pynsqd").error("%s", err)
+        log.error("%s", file_error(err, paths) if isinstance(err, OSError) else err)
         return 1
     return 0
 

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -25,6 +26,8 @@ from pyspark.sql import SparkSession, functions as F  # noqa: E402
 from broker import Client, EmbeddedBroker  # noqa: E402
 
 EVENTS = 5000
+# Spark's log at ERROR from the JVM's first line (setLogLevel comes after its start-up).
+QUIET_LOG = Path(__file__).resolve().parent.parent / "conf" / "spark-log4j2.properties"
 ACTIONS = ["view", "click", "purchase"]
 
 
@@ -47,6 +50,9 @@ def main(spark: SparkSession | None = None, published: int = EVENTS) -> None:
     if own:
         spark = (SparkSession.builder.master("local[2]").appName("pynsq-demo")
                  .config("spark.ui.enabled", "false")
+                 .config("spark.ui.showConsoleProgress", "false")   # no progress bars
+                 .config("spark.driver.extraJavaOptions",           # no start-up WARN lines
+                         f"-Dlog4j2.configurationFile={QUIET_LOG}")
                  .config("spark.sql.shuffle.partitions", "2").getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
     totals = {"rows": 0}

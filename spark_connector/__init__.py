@@ -7,6 +7,13 @@
   publishes each micro-batch from the executors.
 """
 
+try:
+    import pyspark  # noqa: F401
+except ModuleNotFoundError as err:  # the broker installs without Spark; this package needs it
+    raise ModuleNotFoundError(
+        "spark_connector needs PySpark (4.0 to 4.3), which is not installed: "
+        "pip install 'pynsq-broker[spark]'", name=err.name) from err
+
 from .datasource import SCHEMA, PynsqDataSource
 from .options import OptionError
 from .writer import PublishError, pub_to_topic

@@ -39,8 +39,10 @@ class PynsqDataSource(DataSource):
         # Spark asks for the schema in load(), and only for a read: checking the
         # read's options here makes a bad one fail load(), as Kafka's source does,
         # instead of the query's start.
+        from .compat import require_stream_reader
         from .options import ReaderOptions
 
+        require_stream_reader()
         ReaderOptions.parse(self.options)
         return SCHEMA
 
@@ -53,7 +55,10 @@ class PynsqDataSource(DataSource):
             "writeStream.trigger(availableNow=True) to read what the channel holds, then stop")
 
     def streamReader(self, schema):
+        from .compat import require_stream_reader
         from .reader import PynsqStreamReader
+
+        require_stream_reader()
 
         return PynsqStreamReader(self.options)
 

@@ -60,11 +60,11 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxBytes,
-                                              ReadMaxRows, SupportsTriggerAvailableNow)
 
 from broker.security.client import ClientSecurity
 
+from .compat import (ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows,
+                     SupportsTriggerAvailableNow)
 from .options import ReaderOptions
 from .session import BrokerUnreachable, LeaseKeeper
 

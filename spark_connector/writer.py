@@ -43,8 +43,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping
 
-from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter,
-                                    WriterCommitMessage)
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, IntegralType, StringType, StructType
 
 from broker.client import Client
@@ -52,6 +51,7 @@ from broker.names import is_valid_name
 from broker.workers import worker_addresses, worker_for
 from broker.security.client import SPARK_OPTIONS, ClientSecurity
 
+from .compat import DataSourceStreamArrowWriter
 from .options import (OptionError, _check_unknown, _int, _lower, parse_addresses, require_name,
                       security_options)
 

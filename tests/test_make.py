@@ -102,3 +102,21 @@ def test_make_test_runs_the_shared_spark_sessions_tests_in_one_process(request, 
 
 def test_a_test_without_the_spark_session_is_in_no_group(request):
     assert request.node.get_closest_marker("xdist_group") is None
+
+
+def test_make_demo_installs_the_spark_extra_only_with_pips_output_in_a_log(project):
+    """A first ``make demo`` (no environment yet) installs ``.[spark]``, not the test
+    tools, and sends pip's output to .venv/pip.log (shown only if pip fails)."""
+    (project / ".venv" / ".installed").unlink()
+    java = project / "path" / "java"
+    java.write_text("#!/bin/sh\nexit 0\n")
+    java.chmod(0o755)
+    env = {"PATH": f"{project / 'path'}:/usr/bin:/bin", "HOME": str(project)}
+    result = subprocess.run([MAKE, "--no-print-directory", "-n", "demo",
+                             f"PYTHON={sys.executable}"], cwd=project, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    recipe = result.stdout
+    assert "-e '.[spark]'" in recipe and "[test]" not in recipe
+    assert "> .venv/pip.log 2>&1" in recipe
+    assert "examples/demo.py" in recipe

@@ -1,4 +1,5 @@
-"""Every notebook in notebooks/ runs top to bottom (a real kernel, Spark and broker)."""
+"""Every notebook in notebooks/ runs top to bottom (a real kernel, Spark and broker), and is
+committed as a user would share it: with its outputs, a plot among them, and no noise."""
 
 from __future__ import annotations
 
@@ -23,3 +24,16 @@ def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
     errors = [o for cell in nb.cells if cell.cell_type == "code"
               for o in cell.get("outputs", []) if o.get("output_type") == "error"]
     assert errors == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_the_committed_notebook_shows_every_result_and_a_plot_without_spark_noise(path):
+    nb = nbformat.read(path, as_version=4)
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    assert all(cell.get("execution_count") for cell in code), "a cell was never run"
+    outputs = [o for cell in code for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o["output_type"] == "error"]
+    assert any("image/png" in o.get("data", {}) for o in outputs), "no plot"
+    text = "".join(o.get("text", "") for o in outputs if o["output_type"] == "stream")
+    for noise in (" WARN ", "Setting default log level", "[Stage ", "Traceback"):
+        assert noise not in text, f"{noise!r} in the committed outputs"

@@ -1,111 +1,122 @@
-"""README.md runs as written: each of its fenced code blocks is a test here
-(tests/readmekit.py says how blocks run and how a block says what it needs),
-and so do the examples a user is pointed to."""
+"""README.md and every docs/ page run as pasted: each page's fenced blocks, in order, its
+``bash`` blocks in one shell and its ``python`` blocks in one namespace (tests/readmekit.py
+says how, and how a block says what it needs); and so do the examples a user is pointed to."""
 
 from __future__ import annotations
 
+import re
+import shutil
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from broker import Client
-
 from . import readmekit
-from .helpers import Daemon
 from .nsqkit import NSQ_BIN
 
-README = readmekit.ROOT / "README.md"
-BLOCKS = readmekit.blocks(README.read_text())
-PYTHON_BLOCKS = [b for b in BLOCKS if b.lang == "python"]
+PAGES = readmekit.pages()
 
 
-def _param(block: readmekit.Block):
-    marks = []
+def _skip_reason(block: readmekit.Block) -> str | None:
     if not block.runnable:
-        marks.append(pytest.mark.skip(reason="an output listing, not code"))
-    elif "skip" in block.marks:
-        marks.append(pytest.mark.skip(reason=block.marks["skip"]))
-    elif "nsq" in block.marks and not (NSQ_BIN / "nsqd").exists():
-        marks.append(pytest.mark.skip(reason=f"needs NSQ's binaries (not in {NSQ_BIN}; "
-                                             f"set NSQ_BIN)"))
-    if "xfail" in block.marks:
-        marks.append(pytest.mark.xfail(reason=block.marks["xfail"], strict=True))
-    return pytest.param(block, id=block.id, marks=marks)
+        return "an output listing, not code"
+    if "skip" in block.marks:
+        return block.marks["skip"]
+    if "nsq" in block.marks and not (NSQ_BIN / "nsqd").exists():
+        return f"needs NSQ's binaries (not in {NSQ_BIN}; set NSQ_BIN)"
+    return None
 
 
-@pytest.fixture(scope="module")
-def readme_broker():
-    """The broker the README's Python blocks call 127.0.0.1:4170."""
-    daemon = Daemon().wait_ready()
-    with Client(daemon.address) as client:
-        client.multi_publish("events", [b'{"user": "ann", "action": "view"}'] * 3)
-    yield daemon
-    assert daemon.stop() == 0
-
-
-class Notebook:
-    """The README's Python blocks in one namespace, run in order."""
-
-    def __init__(self) -> None:
-        self.namespace: dict = {"__name__": "__readme__"}
-        self.done: set[int] = set()
-
-
-@pytest.fixture(scope="module")
-def notebook():
-    return Notebook()
-
-
-def run_python(block, request, notebook, broker, workdir: Path) -> None:
-    for earlier in PYTHON_BLOCKS:
-        if earlier.line >= block.line:
-            break
-        if earlier.line not in notebook.done and "skip" not in earlier.marks:
-            try:  # a block read after an earlier one it may build on; its own test reports it
-                run_python(earlier, request, notebook, broker, workdir)
-            except Exception:
-                notebook.done.add(earlier.line)
-    notebook.done.add(block.line)
-    spark = request.getfixturevalue("spark") if "spark" in block.marks else None
-    if spark is not None:
-        notebook.namespace["spark"] = spark
-    code = (block.code.replace("127.0.0.1:4170", broker.address)
-            .replace('"checkpoints/', f'"{workdir}/checkpoints/'))
-    source = "\n" * block.line + code  # tracebacks name README.md's own lines
+def run_page(blocks: list[readmekit.Block], workdir: Path, request, monkeypatch,
+             grace: float = 30) -> list[str]:
+    """Run a page's blocks as a reader pastes them; the ids of the blocks skipped.
+    Fails at the first block that fails (an xfail block must fail), and when the page
+    leaves a process running."""
+    monkeypatch.chdir(workdir)
+    shell = readmekit.Shell(workdir, extra_path=str(NSQ_BIN))
+    namespace: dict = {"__name__": "__main__"}
+    skipped, stuck = [], []
     try:
-        exec(compile(source, str(README), "exec"), notebook.namespace)
-        if spark is not None:
-            for query in spark.streams.active:
-                query.processAllAvailable()
-                assert query.exception() is None
+        for block in blocks:
+            reason = _skip_reason(block)
+            if reason:
+                skipped.append(f"{block.id} ({reason})")
+                continue
+            try:
+                if block.lang == "bash":
+                    shell.run(block)
+                else:
+                    run_python(block, namespace, request)
+            except Exception as err:
+                if "xfail" in block.marks:
+                    continue
+                raise readmekit.BlockFailed(f"{block.id} failed: {err}") from err
+            if "xfail" in block.marks:
+                raise readmekit.BlockFailed(f"{block.id} passed, but is marked xfail: "
+                                            f"{block.marks['xfail']}")
     finally:
-        if spark is not None:
-            for query in spark.streams.active:
+        stuck = shell.close(grace)
+        if "spark" in namespace:
+            for query in namespace["spark"].streams.active:
                 query.stop()
+            _forget_checkpoints(namespace)
+    assert not stuck, f"the page left these running (say how to stop them): {stuck}"
+    return skipped
 
 
-@pytest.mark.parametrize("block", [_param(b) for b in BLOCKS])
-def test_readme_block_runs_as_written(block, request, notebook, tmp_path):
-    if block.lang == "bash":
-        readmekit.run_bash(block, tmp_path)
-    else:
-        broker = request.getfixturevalue("readme_broker")
-        run_python(block, request, notebook, broker, tmp_path)
+def _forget_checkpoints(namespace: dict) -> None:
+    """A relative checkpointLocation lands in the JVM's directory (the suite's, not the
+    page's): what the page made there goes, so the next run starts afresh."""
+    made = namespace.get("__readmekit_checkpoints__")
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+
+
+def run_python(block: readmekit.Block, namespace: dict, request) -> None:
+    if "spark" in block.marks and "spark" not in namespace:
+        namespace["spark"] = spark = request.getfixturevalue("spark")  # a pyspark shell's
+        jvm_dir = Path(spark._jvm.java.lang.System.getProperty("user.dir"))
+        if not (jvm_dir / "checkpoints").exists():
+            namespace["__readmekit_checkpoints__"] = jvm_dir / "checkpoints"
+    source = "\n" * (block.line) + block.code  # tracebacks name the page's own lines
+    exec(compile(source, str(readmekit.ROOT / block.source), "exec"), namespace)
+    spark = namespace.get("spark")
+    if spark is not None:
+        for query in spark.streams.active:
+            query.processAllAvailable()
+            assert query.exception() is None
+
+
+@pytest.mark.xdist_group("spark")   # NSQ's fixed ports: one page at a time, beside the session
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(readmekit.ROOT)) for p in PAGES])
+def test_the_page_runs_as_pasted(page, request, monkeypatch, tmp_path):
+    skipped = run_page(readmekit.page_blocks(page), tmp_path, request, monkeypatch)
+    if skipped:
+        print("skipped:", *skipped, sep="\n  ")
 
 
 # -- the collector itself ---------------------------------------------------------------------
 
-def test_every_runnable_readme_block_runs_or_says_why_not():
+def test_every_runnable_block_runs_or_says_why_not():
     """A block in a language the collector does not run is an output listing; a
     runnable one skipped or expected to fail names its reason (an empty mark is an
     error at collection)."""
-    for block in BLOCKS:
-        assert block.lang in ("python", "bash", "text"), \
-            f"README.md:{block.line}: fence language {block.lang!r} (python, bash or text)"
-        for mark in ("skip", "xfail"):
-            assert block.marks.get(mark, "x").strip()
+    for page in PAGES:
+        for block in readmekit.page_blocks(page):
+            assert block.lang in ("python", "bash", "text"), \
+                f"{block.id}: fence language {block.lang!r} (python, bash or text)"
+
+
+# Written beside these pages at the same time; drop a name once its page is in docs/.
+PAGES_TO_COME = {"threat-model.md"}
+
+
+def test_every_page_links_to_pages_that_exist():
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
+            assert (page.parent / target).exists() or target in PAGES_TO_COME, \
+                f"{page.name} links to missing {target}"
 
 
 def test_an_unknown_mark_is_refused_naming_it():
@@ -113,21 +124,62 @@ def test_an_unknown_mark_is_refused_naming_it():
         readmekit.blocks("<!-- readme-test: sprak -->\n```python\npass\n```\n")
 
 
-def test_a_failing_bash_line_fails_its_block(tmp_path):
-    block, = readmekit.blocks("```bash\npynsq pub events hello\npynsq topic frobnicate x\n```\n")
-    with pytest.raises(AssertionError, match="bash exited 2"):
-        readmekit.run_bash(block, tmp_path)
-
-
-def test_a_bash_block_talks_to_its_own_broker_on_the_readme_ports(tmp_path):
+def test_a_block_that_starts_a_daemon_in_the_foreground_fails_before_it_runs(tmp_path):
     block, = readmekit.blocks(textwrap.dedent("""\
         ```bash
-        pynsqd --msg-timeout 30s
-        pynsq pub events 'hello'
-        curl -sf 127.0.0.1:4151/stats?format=json | grep -q '"topic_name": "events"'
+        nsqlookupd --tcp-address 127.0.0.1:4160 &
+        pynsqd --lookupd-tcp-address 127.0.0.1:4160 \\
+               --broadcast-address 127.0.0.1
+        pynsq pub events hello
         ```
         """))
-    readmekit.run_bash(block, tmp_path)
+    shell = readmekit.Shell(tmp_path)
+    try:
+        with pytest.raises(readmekit.BlockFailed, match="(?s)foreground.*pynsqd --lookupd"):
+            shell.run(block)
+    finally:
+        assert shell.close() == []
+
+
+def test_a_daemon_in_the_background_and_one_shot_flags_are_not_foreground():
+    assert readmekit.foreground_daemons(
+        "pynsqd --data-path d 2> log &   # the broker\n"
+        "pynsqd --print-config > pynsqd.toml\npynsqd --version && pynsq --version\n") == []
+
+
+def test_a_failing_line_fails_its_block_and_the_page_stops_there(tmp_path, request, monkeypatch):
+    page = readmekit.blocks("```bash\ntrue\n```\n\n```bash\nfalse\necho after\n```\n"
+                            "\n```bash\ntouch never\n```\n", "page.md")
+    with pytest.raises(readmekit.BlockFailed, match="page.md:5 failed"):
+        run_page(page, tmp_path, request, monkeypatch, grace=1)
+    assert not (tmp_path / "never").exists()
+
+
+def test_blocks_share_one_shell_and_a_clash_between_them_fails(tmp_path, request, monkeypatch):
+    """A later block sees what an earlier one left (a variable, a port taken): what
+    a reader following the page meets."""
+    page = readmekit.blocks(textwrap.dedent("""\
+        ```bash
+        python3 -m http.server --bind 127.0.0.1 4199 2>/dev/null &
+        SERVER=$!
+        ```
+
+        ```bash
+        python3 -c 'import socket,time; s=socket.socket(); time.sleep(1); s.bind(("127.0.0.1", 4199))'
+        ```
+
+        ```bash
+        kill $SERVER
+        ```
+        """), "page.md")
+    with pytest.raises(readmekit.BlockFailed, match="(?s)page.md:6 failed.*Address already in use"):
+        run_page(page, tmp_path, request, monkeypatch, grace=1)
+
+
+def test_a_page_that_leaves_a_daemon_running_fails(tmp_path, request, monkeypatch):
+    page = readmekit.blocks("```bash\nsleep 600 &\n```\n", "page.md")
+    with pytest.raises(AssertionError, match="(?s)left these running.*sleep 600"):
+        run_page(page, tmp_path, request, monkeypatch, grace=1)
 
 
 # -- the examples -------------------------------------------------------------------------------

@@ -1,0 +1,100 @@
+"""What an operator reads: pynsqd's first log line says what runs (version, config file,
+storage mode); an error at start is the broker's own line, naming the flag at fault,
+with no third-party line before it; `pynsqd --help` is grouped as an operator looks for
+things; `pynsq` describes its positionals."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+from broker import __version__
+from broker.cli import build_parser as cli_parser
+from broker.daemon import HELP_GROUPS, IGNORED_GROUP, build_parser
+
+from .helpers import Daemon, bin_path
+
+PREFIX = "[pynsqd] "
+
+
+def pynsqd(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([bin_path("pynsqd"), "--tcp-address", "", "--http-address", "",
+                           *args], capture_output=True, text=True, timeout=60)
+
+
+def test_the_first_line_says_version_config_file_and_durable_storage(tmp_path):
+    config = tmp_path / "pynsqd.toml"
+    config.write_text(subprocess.run([bin_path("pynsqd"), "--print-config"], check=True,
+                                     capture_output=True, text=True).stdout)
+    daemon = Daemon("--config", str(config), "--data-path", str(tmp_path / "data"),
+                    "--sync-every", "100").wait_ready()
+    assert daemon.stop() == 0
+    first = daemon.output().splitlines()[0]
+    assert f"pynsqd {__version__}; config file: {config}; storage: durable in " \
+           f"{tmp_path / 'data'} (fsync every 100 messages or 2s)" in first
+
+
+def test_the_first_line_says_memory_only_without_a_data_path():
+    daemon = Daemon().wait_ready()
+    assert daemon.stop() == 0
+    first = daemon.output().splitlines()[0]
+    assert "config file: none" in first and "storage: memory only" in first
+
+
+def test_a_grpc_port_in_use_is_one_line_of_the_brokers_own_naming_the_flag():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = "127.0.0.1:%d" % taken.getsockname()[1]
+        result = pynsqd("--grpc-address", address)
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert all(line.startswith(PREFIX) for line in lines), lines  # gRPC's E... line is not
+    errors = [line for line in lines if " ERROR: " in line]
+    assert len(errors) == 1 and f"cannot listen on {address} (gRPC, --grpc-address)" in errors[0]
+
+
+def test_a_data_path_that_is_a_file_is_refused_naming_the_flag(tmp_path):
+    (tmp_path / "data").write_text("")
+    result = pynsqd("--grpc-address", "127.0.0.1:0", "--data-path", str(tmp_path / "data"))
+    assert result.returncode == 1
+    assert (f"ERROR: --data-path {tmp_path / 'data'}: is a file; it must be a directory"
+            in result.stderr)
+    assert "Errno" not in result.stderr
+
+
+def test_a_missing_config_file_is_refused_naming_the_flag(tmp_path):
+    result = pynsqd("--config", str(tmp_path / "nope.toml"))
+    assert result.returncode == 2
+    assert f"--config {tmp_path / 'nope.toml'}: No such file or directory" in result.stderr
+
+
+def test_help_is_grouped_listeners_first_and_nsqds_ignored_options_last():
+    text = build_parser().format_help()
+    titles = [line[:-1] for line in text.splitlines() if line and not line[0].isspace()
+              and line.endswith(":") and not line.startswith("usage")]
+    assert titles == ["options", *HELP_GROUPS, IGNORED_GROUP]
+    ignored = text[text.index(IGNORED_GROUP):]
+    for flag in ("--deflate", "--snappy", "--max-channel-consumers", "--statsd-mem-stats"):
+        assert flag in ignored
+    listeners = text[text.index("\nlisteners:"):text.index("\nstorage:")]
+    assert "--grpc-address" in listeners and "--data-path" not in listeners
+
+
+def test_every_option_is_in_the_help_once():
+    from broker.options import option_flag, option_help
+
+    text = build_parser().format_help()
+    for name in option_help():
+        assert text.count(f"  {option_flag(name)} ") + text.count(f"  {option_flag(name)}\n") \
+            + text.count(f"  {option_flag(name)},") >= 1, name
+
+
+def test_pub_help_describes_its_positionals(capsys):
+    sub = cli_parser()._subparsers._group_actions[0].choices
+    for command, positionals in {"pub": ("topic", "body"), "tail": ("topic",),
+                                 "topic": ("action", "topic"),
+                                 "channel": ("action", "topic", "channel")}.items():
+        helps = {a.dest: a.help for a in sub[command]._actions if not a.option_strings}
+        for name in positionals:
+            assert helps[name], f"pynsq {command}: {name} has no help"
