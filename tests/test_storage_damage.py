@@ -33,7 +33,7 @@ def files_of(path: Path, topic: str) -> list[Path]:
 def damage(path: Path, kind: int, nth: int = 0) -> None:
     """Flip one byte in the middle of the ``nth`` record of ``kind`` in the file."""
     data = bytearray(path.read_bytes())
-    found = [r for r in records.scan(bytes(data), str(path)) if r.kind == kind]
+    found = [r for r in records.scan_file(bytes(data), str(path)) if r.kind == kind]
     record = found[nth]
     at = record.offset + records.HEADER_SIZE + max(0, len(record.payload) // 2)
     if not len(record.payload):
@@ -58,8 +58,8 @@ def test_a_damaged_state_record_of_the_oldest_file_loses_no_message(tmp_path, co
     crash(broker)
     # The oldest file with messages pending: its STATE record alone names the channel.
     oldest = next(f for f in files_of(tmp_path, "events")
-                  if records.PUB in {r.kind for r in records.scan(f.read_bytes(), "")})
-    assert records.CHANNEL not in {r.kind for r in records.scan(oldest.read_bytes(), "")}
+                  if records.PUB in {r.kind for r in records.scan_file(f.read_bytes(), "")})
+    assert records.CHANNEL not in {r.kind for r in records.scan_file(oldest.read_bytes(), "")}
     damage(oldest, records.STATE, copy)
     broker = start(tmp_path, clock, max_bytes_per_file=1024)
     assert sorted(drain(broker, "events", "work")) == sorted(ids)
@@ -131,7 +131,7 @@ def test_a_damaged_mpub_costs_the_messages_of_that_mpub_only(tmp_path, caplog, w
     clean(broker)
     log_file, = files_of(tmp_path, "events")
     data = bytearray(log_file.read_bytes())
-    record = [r for r in records.scan(bytes(data), "") if r.kind == records.BATCH][1]
+    record = [r for r in records.scan_file(bytes(data), "") if r.kind == records.BATCH][1]
     data[record.offset + records.HEADER_SIZE + 5 + int(len(record.payload[5:]) * where)] ^= 0x10
     log_file.write_bytes(bytes(data))
     caplog.set_level(logging.WARNING, logger="pynsqd")
@@ -154,7 +154,7 @@ def test_an_mpub_damaged_after_the_start_loses_its_messages_and_frees_their_file
                for b in range(4)]
     first_file = files_of(tmp_path, "events")[0]
     data = bytearray(first_file.read_bytes())
-    record = [r for r in records.scan(bytes(data), "") if r.kind == records.BATCH][2]
+    record = [r for r in records.scan_file(bytes(data), "") if r.kind == records.BATCH][2]
     data[record.offset + records.HEADER_SIZE + len(record.payload) - 3] ^= 0x10
     first_file.write_bytes(bytes(data))  # the same inode: the broker reads it back so
     caplog.set_level(logging.ERROR, logger="pynsqd")

@@ -950,7 +950,7 @@ class StorageModel(RuleBasedStateMachine):
         self.stop()
         candidates = []
         for path in sorted(Path(self._tmp.name).rglob("*.log")):
-            for r in records.scan(path.read_bytes(), str(path)):
+            for r in records.scan_file(path.read_bytes(), str(path)):
                 size = records.HEADER_SIZE + len(r.payload)
                 # Not the twin of one damaged before: one byte, one copy.
                 if r.kind in DOUBLED and not {(path, r.offset - size),

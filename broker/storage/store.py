@@ -955,9 +955,8 @@ class DiskStore(Store):
                           ", ".join(topic_log.path(n).name for n in range(previous + 1, seg)),
                           ", ".join(sorted(replay.channels)) or "none")
             previous = seg
-            topic_log.sizes[seg] = self._scan_file(topic_log.path(seg),
-                                                   lambda r, seg=seg: replay.read(seg, r),
-                                                   replay.damaged)
+            topic_log.sizes[seg], topic_log.keys[seg] = self._scan_file(
+                topic_log.path(seg), lambda r, seg=seg: replay.read(seg, r), replay.damaged)
         topic_log.batches = replay.batches
         if replay.damage:
             log.error("%s: topic %s: damaged records skipped (file and offset above): %s",
@@ -966,13 +965,19 @@ class DiskStore(Store):
         return replay, topic_log
 
     def _scan_file(self, path: Path, read: Callable[[records.Record], None],
-                   damaged: Callable[[bytes], None] | None = None) -> int:
+                   damaged: Callable[[bytes], None] | None = None) -> tuple[int, int]:
         """Feed every valid record of a file to ``read``, a block at a time (a whole
-        segment in memory at once would set the peak of a start); returns its size."""
+        segment in memory at once would set the peak of a start); returns its size and
+        its key."""
         fd = self.files.open(str(path), os.O_RDONLY)
         try:
             size = self.files.size(fd)
-            pos, carry, need = 0, b"", SCAN_BLOCK
+            key, pos = self._file_key(fd, path, size)
+            if key is None:
+                if damaged is not None:
+                    damaged(b"")
+                return size, 0
+            carry, need = b"", SCAN_BLOCK
             while pos < size:
                 chunk = self.files.pread(fd, max(SCAN_BLOCK, need), pos)
                 if not chunk:
@@ -981,14 +986,35 @@ class DiskStore(Store):
                 pos += len(chunk)
                 rest: list[int] | None = [] if pos < size else None
                 for record in records.scan(block, str(path), base, rest,
-                                           damaged and (lambda _, span: damaged(span))):
+                                           damaged and (lambda _, span: damaged(span)), key):
                     read(record)
                 carry, need = (block[rest[0]:] if rest else b""), SCAN_BLOCK
                 if len(carry) >= records.HEADER_SIZE:  # a record longer than a block
                     need = records.HEADER_SIZE + records.HEADER.unpack_from(carry)[2] - len(carry)
-            return size
+            return size, key
         finally:
             self.files.close(fd)
+
+    def _file_key(self, fd: int, path: Path, size: int) -> tuple[int | None, int]:
+        """(key, where the records start) of an open log file; (None, size) when its key
+        is lost (every copy damaged, and the STATE after them), and logged."""
+        head = self.files.pread(fd, records.PROLOGUE_SIZE + records.HEADER_SIZE, 0)
+        found = records.file_key(head)
+        if found is not None:
+            return found
+        # Every KEY record damaged: the key again from the STATE the broker wrote after them.
+        if len(head) == records.PROLOGUE_SIZE + records.HEADER_SIZE:
+            length = records.HEADER.unpack_from(head, records.PROLOGUE_SIZE)[2]
+            if length <= records.MAX_PAYLOAD:
+                whole = self.files.pread(fd, 2 * (records.HEADER_SIZE + length), records.PROLOGUE_SIZE)
+                key = records.recover_key(whole, 0)
+                if key is not None:
+                    log.warning("%s: every copy of the file's key is damaged; the key was "
+                                "found again from the record after them", path)
+                    return key, records.PROLOGUE_SIZE
+        log.error("%s: every copy of the file's key is damaged, and the record after them "
+                  "too: its %d byte(s) cannot be checked, and what they held is lost", path, size)
+        return None, size
 
     def _restore(self, replay: Replay, topic_log: TopicLog) -> int:
         """Build the topic, its channels and their queues from a replay."""
