@@ -109,8 +109,8 @@ def test_thousands_of_requeued_leases_are_remembered_while_their_messages_wait()
 
 
 def test_the_lease_journal_keeps_only_live_leases(tmp_path):
+    from broker.lease import LeaseJournal
     from broker.storage import records
-from broker.lease import LeaseJournal
 
     broker, _ = new_broker()
     broker.create_channel("events", "spark")
