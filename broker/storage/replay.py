@@ -301,7 +301,9 @@ class Replay:
             self.damage[f"unreadable span(s) (a message there is lost to {owners})"] += 1
             return
         kind, channel = found
-        if kind in (records.PUB, records.MOVE):
+        if not records.PUB <= kind <= records.BATCH:  # its type is what was damaged
+            self.damage[f"unreadable span(s) (a message there is lost to {owners})"] += 1
+        elif kind in (records.PUB, records.MOVE):
             self.damage[f"message(s) lost to {owners}"] += 1
         elif kind == records.BATCH:
             self.damage[f"message(s) lost to {owners}"] += records.batch_count(span)
