@@ -305,6 +305,13 @@ class TopicLog:
                 self.on_reclaim(seg)
             self.deleted.append(self.path(seg))
 
+    def close_readers(self) -> None:
+        """Close the files opened to read (reopened when next read): a start reads every
+        topic's messages, and keeps no more open than serving does."""
+        for fd in self._readers.values():
+            self.files.close(fd)
+        self._readers = {}
+
     def abandon(self) -> None:
         """Close every descriptor and write nothing more (what a killed process leaves)."""
         for fd in [self._fd, *self.retired, *self._readers.values()]:

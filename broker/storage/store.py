@@ -36,6 +36,7 @@ after a back-off (``ReadLater``); only a record that fails its check is lost.
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import json
 import logging
@@ -79,6 +80,10 @@ RELOCATE_AFTER = 1.0
 RELOCATE_GAIN = 4
 # Bytes of a log file read at once at start.
 SCAN_BLOCK = 4 << 20
+# Of the open-file limit, what durable topics may not take (each keeps its log file open):
+# an eighth, and at least this many, for connections, listeners and brief opens.
+FD_RESERVE_SHARE = 8
+FD_RESERVE_MIN = 64
 # After a read of messages waiting on disk fails (EMFILE, EIO, ...), its channel waits
 # this long before the next try, doubling up to READ_RETRY_MAX while reads fail.
 READ_RETRY_FIRST = 0.05
@@ -428,7 +433,7 @@ class DiskStore(Store):
         backoff = min(self._read_backoff.get(name, READ_RETRY_FIRST / 2) * 2, READ_RETRY_MAX)
         self._read_backoff[name] = backoff
         log.warning("%s: reading messages waiting on disk failed: %s; they stay pending, "
-                    "read again in %.2fs (%d failed reads so far)", topic_log.dir, err,
+                    "read again in %.2fs (%d failed reads so far)", topic_log.dir, fileops.describe(err),
                     backoff, self._read_errors[name])
         return backoff
 
@@ -547,9 +552,23 @@ class DiskStore(Store):
         loc = oldest()
         return topic_log.bytes_from(segment_of(loc)) if loc else 0
 
+    def max_topics(self) -> int:
+        """The durable topics the open-file limit lets this broker hold and restart: each
+        keeps one file open; ``FD_RESERVE`` of the limit is kept for everything else
+        (connections, listeners, the files a start or a read opens for a moment)."""
+        limit = fileops.open_file_limit()
+        return max(1, limit - max(FD_RESERVE_MIN, limit // FD_RESERVE_SHARE))
+
     def topic_created(self, topic: "Topic") -> None:
         if topic.ephemeral or self._restoring:
             return
+        if len(self.logs) >= self.max_topics():
+            raise AdminFailed(
+                f"topic {topic.name} could not be created: this broker holds "
+                f"{len(self.logs)} durable topics, the most its open-file limit "
+                f"({fileops.open_file_limit()}, `ulimit -n`) lets it keep open and restart "
+                f"(one file each, and a reserve for connections); raise the limit (e.g. "
+                f"`ulimit -n 65536` before starting) or delete topics; nothing was changed")
         topic_log = self._new_log(topic.name)
         settings = deadletter.settings_of(topic, None)
         if settings:  # made with its settings (a ttl): written in the first file's one write
@@ -562,7 +581,7 @@ class DiskStore(Store):
                 self.files.rmtree(str(topic_log.dir))
             log.error("%s: topic %s could not be created: %s", topic_log.dir, topic.name, err)
             raise AdminFailed(f"topic {topic.name} could not be created: the data path "
-                                f"could not take it ({err.strerror or err}); nothing was "
+                                f"could not take it ({fileops.describe(err)}); nothing was "
                                 f"changed") from None
         self.logs[topic.name] = topic_log
         self._new_dirs.append(str(topic_log.dir.parent))
@@ -911,6 +930,7 @@ class DiskStore(Store):
             while replays:  # each replay goes once its topic is built
                 replay, topic_log = replays.pop(0)
                 restored += self._restore(replay, topic_log)
+                topic_log.close_readers()
                 logs.append(topic_log)
         finally:
             self._restoring = False
@@ -928,6 +948,12 @@ class DiskStore(Store):
                 done.abandon()
                 self.files.unlink(str(done.path(done.current)))
             where = topic_log.dir if topic_log is not None else self.path
+            if err.errno in (errno.EMFILE, errno.ENFILE):
+                raise DataPathUnwritable(
+                    err.errno, f"cannot start: could not open a new log file in {where} "
+                    f"({len(opened)} of {len(logs)} topics opened): {fileops.describe(err)}. "
+                    f"A start keeps one file open per durable topic (nothing was changed)"
+                    ) from err
             raise DataPathUnwritable(
                 err.errno, f"cannot start: could not write a new log file in {where}: "
                 f"{err.strerror or err}. A start writes one new file per topic (nothing "
