@@ -215,6 +215,12 @@ class TopicLog:
             self._reader = Reader(self.batches, self._pread, self.keys)
         return self._reader.messages((loc,))[0]
 
+    def read_many(self, locs: "Sequence[int]") -> "list[Message | None]":
+        """``read_message`` of each of ``locs`` at once (runs of a batch built in bulk)."""
+        if self._reader is None:
+            self._reader = Reader(self.batches, self._pread, self.keys)
+        return self._reader.messages(locs)
+
     def read_pub(self, loc: int) -> tuple[int, int, bytes, int]:
         """(id, publish ns, body, expires) of the message at ``loc``; ``DamagedRecord``
         if its record fails its check."""

@@ -426,6 +426,22 @@ class DiskStore(Store):
             self._read_works(name, topic_log)
         return msg
 
+    def _load_all(self, topic: "Topic", locs: array) -> "list[Message | None]":
+        """``load`` of each of ``locs`` (in log order), read in bulk."""
+        name = topic.name
+        topic_log = self.logs[name]
+        try:
+            msgs = topic_log.read_many(locs)
+        except OSError as err:
+            raise ReadLater(name, self._read_failed(name, topic_log, err)) from None
+        for loc, msg in zip(locs, msgs):
+            if msg is None:
+                seg = segment_of(loc)
+                log.error("%s: the record at offset %d fails its check: a message of it is "
+                          "lost", topic_log.path(seg), topic_log.record_offset(loc))
+                topic_log.release(seg)
+        return msgs
+
     def _read_failed(self, name: str, topic_log: TopicLog, err: OSError) -> float:
         """A read failed: count it, and say how long to wait before the next (doubling
         from READ_RETRY_FIRST up to READ_RETRY_MAX while reads keep failing)."""
@@ -646,7 +662,8 @@ class DiskStore(Store):
     def channel_created(self, channel: "Channel") -> None:
         if self._durable(channel):
             topic, name = channel.topic, channel.name
-            durable = sum(not c.ephemeral for c in topic.channels.values())
+            durable = 0 if self._restoring else sum(not c.ephemeral
+                                                    for c in topic.channels.values())
             if durable >= records.MAX_CHANNELS:
                 raise InvalidChannel(f"channel {topic.name}/{name} refused: the topic has "
                                      f"{durable} durable channels, the most its log holds")
@@ -1098,26 +1115,37 @@ class DiskStore(Store):
         deferred: list[tuple[Message, float]] = []
         later_locs, later_attempts, later_delays = array("q"), array("H"), array("d")
         limit = self.spill_limit
+        # What is read into memory is read in one go after: a run of locations costs one
+        # read and one pass per batch record, not a read per message (a start with many
+        # channels reads the same messages for each).
+        load_locs, load_what = array("q"), []
+        n_ready = n_deferred = 0
         for loc, attempts, deliver_at in entries:
             if deliver_at > now_ns:
-                if len(deferred) >= limit:
+                if n_deferred >= limit:
                     later_locs.append(loc)
                     later_attempts.append(attempts)
                     later_delays.append((deliver_at - now_ns) / 1e9)
                     continue
-            elif (on_disk or len(ready) >= limit) and not (keep and loc in keep):
+                n_deferred += 1
+            elif (on_disk or n_ready >= limit) and not (keep and loc in keep):
                 if attempts and on_disk_attempts is None:
                     on_disk_attempts = array("H", bytes(2 * len(on_disk)))
                 on_disk.append(loc)
                 if on_disk_attempts is not None:
                     on_disk_attempts.append(attempts)
                 continue
-            try:
-                msg = self.load(topic, loc)
-            except ReadLater:  # a start that cannot read what it restores stops (the log says why)
-                raise OSError(f"cannot start: reading the messages of topic {topic.name} "
-                              f"under {self._dir(topic.name)} failed (nothing was changed); "
-                              f"start again") from None
+            elif not (keep and loc in keep):
+                n_ready += 1
+            load_locs.append(loc)
+            load_what.append((attempts, deliver_at))
+        try:
+            loaded = self._load_all(topic, load_locs)
+        except ReadLater:  # a start that cannot read what it restores stops (the log says why)
+            raise OSError(f"cannot start: reading the messages of topic {topic.name} "
+                          f"under {self._dir(topic.name)} failed (nothing was changed); "
+                          f"start again") from None
+        for loc, msg, (attempts, deliver_at) in zip(load_locs, loaded, load_what):
             if msg is None:
                 continue
             msg.attempts = attempts
