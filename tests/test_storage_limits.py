@@ -77,3 +77,29 @@ def test_emfile_is_named_as_the_open_file_limit_never_as_disk_space():
     assert "open-file limit" in said and "ulimit -n" in said and "space" not in said
     assert fileops.describe(OSError(errno.ENOSPC, "No space left on device")) == \
         "No space left on device"
+
+
+def test_a_start_reads_into_memory_at_most_mem_queue_size_of_a_topic_shared_by_its_channels(
+        tmp_path):
+    """Many channels with a short backlog each: the start reads at most
+    ``--mem-queue-size`` bodies of the topic in all (the rest wait as locations, read
+    ahead when consumed), so its time follows the log, not channels x pending; every
+    copy is there, and is delivered with its body."""
+    from broker.clock import ManualClock
+
+    from .test_storage_recovery import clean, drain, start
+
+    clock = ManualClock()
+    broker = start(tmp_path, clock, mem_queue_size=100)
+    for i in range(50):
+        broker.create_channel("events", f"c{i}")
+    ids = broker.multi_publish("events", [f"m{i}".encode() for i in range(40)])
+    clean(broker)
+    broker = start(tmp_path, clock, mem_queue_size=100)
+    channels = broker.topic("events").channels
+    stats = [c.stats() for c in channels.values()]
+    assert sum(s.depth for s in stats) == 50 * 40
+    assert sum(s.memory_count for s in stats) <= 100
+    for name in ("c0", "c49"):
+        got = drain(broker, "events", name)
+        assert sorted(got) == sorted(ids) and got[ids[7]] == b"m7"

@@ -1087,10 +1087,14 @@ class DiskStore(Store):
             topic_log.hold(seg, count)
         now_ns = self.broker.clock.wall_ns()
         leased = self._leased.get(name, {})
+        # A start reads into memory at most --mem-queue-size of the topic's ready messages
+        # in all, shared among its channels (the rest wait on disk as their locations, read
+        # ahead as consumers come): its time is the log's, not channels x pending.
+        share = max(1, self.spill_limit // max(1, len(replay.channels)))
         for channel_name in replay.channels:
             keep = replay.locations(leased[channel_name]) if channel_name in leased else None
             topic.channels[channel_name].restore(
-                *self._queues(topic, replay.pending(channel_name), now_ns, keep))
+                *self._queues(topic, replay.pending(channel_name), now_ns, keep, share))
         topic.restore_held(*self._queues(topic, replay.pending(None), now_ns))
         for seg, payload in replay.dedupe:
             self.broker.dedupe.restore(payload, topic.name)
@@ -1099,15 +1103,15 @@ class DiskStore(Store):
         return replay.count()
 
     def _queues(self, topic: "Topic", entries: Iterable[tuple[int, int, int]], now_ns: int,
-                keep: "set[int] | None" = None
+                keep: "set[int] | None" = None, ready_limit: int | None = None
                 ) -> tuple[list[Message], array, list[tuple[Message, float]], array | None,
                            Iterable[tuple[int, int, float]], list[Message]]:
         """What ``Channel.restore`` takes: ready in memory, ready on disk only, deferred in
         memory with seconds left, the delivery counts of those ready on disk only (None:
         all 0), (loc, attempts, seconds left) of those deferred on disk only, and those
         to keep in memory at the front whatever the limit: every ready one whose location
-        is in ``keep`` (a kept lease's). At most ``spill_limit`` others ready and as many
-        deferred are read into memory."""
+        is in ``keep`` (a kept lease's). At most ``ready_limit`` (default ``spill_limit``)
+        others ready and ``spill_limit`` deferred are read into memory."""
         ready: list[Message] = []
         front: list[Message] = []
         on_disk = array("q")
@@ -1115,6 +1119,7 @@ class DiskStore(Store):
         deferred: list[tuple[Message, float]] = []
         later_locs, later_attempts, later_delays = array("q"), array("H"), array("d")
         limit = self.spill_limit
+        ready_limit = limit if ready_limit is None else ready_limit
         # What is read into memory is read in one go after: a run of locations costs one
         # read and one pass per batch record, not a read per message (a start with many
         # channels reads the same messages for each).
@@ -1128,7 +1133,7 @@ class DiskStore(Store):
                     later_delays.append((deliver_at - now_ns) / 1e9)
                     continue
                 n_deferred += 1
-            elif (on_disk or n_ready >= limit) and not (keep and loc in keep):
+            elif (on_disk or n_ready >= ready_limit) and not (keep and loc in keep):
                 if attempts and on_disk_attempts is None:
                     on_disk_attempts = array("H", bytes(2 * len(on_disk)))
                 on_disk.append(loc)
