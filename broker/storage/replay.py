@@ -57,6 +57,9 @@ class Replay:
         self._born: dict[int, int] = {HELD: 0}   # a live channel's bit -> the epoch it began at
         self._valid: dict[int, int] = {}         # slot epoch -> the bits that count in it
         self._live_mask = 0
+        self._overridden: set[int] | None = None  # bits with counts or times (at the end)
+        self._any_due = False
+        self._common: "array | bool | None" = None
 
     # -- channels -------------------------------------------------------------
     def _live(self) -> int:
@@ -330,6 +333,41 @@ class Replay:
             if mask & bit and stamps[slot] >= born:
                 yield (locs[slot], attempts.get((slot, bit), 0),
                        deferred.get((slot, bit), due[slot]))
+
+    def ready_locations(self, channel: str) -> array | None:
+        """The locations of the messages pending in ``channel``, in log order, when every
+        one of them is ready with no delivery counted (the usual case after a publish:
+        one pass, no tuple per message); None otherwise (then ``pending``)."""
+        bit = self.channels[channel]
+        if self._overridden is None:
+            self._overridden = {b for _, b in self._attempts} | {b for _, b in self._deferred}
+            self._any_due = any(self._due)
+        if bit in self._overridden or self._any_due:
+            return None
+        if self._common is None:
+            self._common = self._pending_in_all()
+        if self._common is not False:
+            return self._common
+        born = self._born[bit]
+        return array("q", [loc for loc, mask, stamp in zip(self._locs, self._masks, self._stamps)
+                           if mask & bit and stamp >= born])
+
+    def _pending_in_all(self) -> "array | bool":
+        """The locations of the messages pending, when each is pending in every live
+        channel (a topic whose channels all read the same backlog: one pass for them
+        all, not one per channel); False when not."""
+        live = self._live_mask
+        bits = [bit for bit in self._born if bit != HELD]
+        latest = max((self._born[bit] for bit in bits), default=0)
+        common = array("q")
+        for loc, mask, stamp in zip(self._locs, self._masks, self._stamps):
+            part = mask & live
+            if not part:
+                continue
+            if part != live or stamp < latest:
+                return False
+            common.append(loc)
+        return common
 
     def locations(self, ids: "set[int]") -> set[int]:
         """The log locations of the messages with these ids (those the log has)."""

@@ -1093,14 +1093,28 @@ class DiskStore(Store):
         share = max(1, self.spill_limit // max(1, len(replay.channels)))
         for channel_name in replay.channels:
             keep = replay.locations(leased[channel_name]) if channel_name in leased else None
+            plain = replay.ready_locations(channel_name) if keep is None else None
             topic.channels[channel_name].restore(
-                *self._queues(topic, replay.pending(channel_name), now_ns, keep, share))
+                *(self._ready_queues(topic, plain, share) if plain is not None else
+                  self._queues(topic, replay.pending(channel_name), now_ns, keep, share)))
         topic.restore_held(*self._queues(topic, replay.pending(None), now_ns))
         for seg, payload in replay.dedupe:
             self.broker.dedupe.restore(payload, topic.name)
             self._dedupe.setdefault(name, {}).setdefault(seg, []).append(payload)
         topic_log.reclaim()
         return replay.count()
+
+    def _ready_queues(self, topic: "Topic", locs: array, limit: int) -> tuple:
+        """``_queues`` of messages all ready with no delivery counted: the first ``limit``
+        read into memory, the rest on disk, each part taken in one slice."""
+        try:
+            loaded = self._load_all(topic, locs[:limit])
+        except ReadLater:  # a start that cannot read what it restores stops (the log says why)
+            raise OSError(f"cannot start: reading the messages of topic {topic.name} "
+                          f"under {self._dir(topic.name)} failed (nothing was changed); "
+                          f"start again") from None
+        ready = [msg for msg in loaded if msg is not None]
+        return ready, locs[limit:], [], None, (), []
 
     def _queues(self, topic: "Topic", entries: Iterable[tuple[int, int, int]], now_ns: int,
                 keep: "set[int] | None" = None, ready_limit: int | None = None
