@@ -80,6 +80,9 @@ RELOCATE_AFTER = 1.0
 RELOCATE_GAIN = 4
 # Bytes of a log file read at once at start.
 SCAN_BLOCK = 4 << 20
+# A start reads a channel's share of --mem-queue-size into memory only when it is at least
+# this many messages (fewer are not worth a read per channel: read ahead when consumed).
+RESTORE_MIN_SHARE = 64
 # Of the open-file limit, what durable topics may not take (each keeps its log file open):
 # an eighth, and at least this many, for connections, listeners and brief opens.
 FD_RESERVE_SHARE = 8
@@ -1090,7 +1093,9 @@ class DiskStore(Store):
         # A start reads into memory at most --mem-queue-size of the topic's ready messages
         # in all, shared among its channels (the rest wait on disk as their locations, read
         # ahead as consumers come): its time is the log's, not channels x pending.
-        share = max(1, self.spill_limit // max(1, len(replay.channels)))
+        share = self.spill_limit // max(1, len(replay.channels))
+        if share < RESTORE_MIN_SHARE:
+            share = 0  # too few to be worth a read per channel: read ahead when consumed
         for channel_name in replay.channels:
             keep = replay.locations(leased[channel_name]) if channel_name in leased else None
             plain = replay.ready_locations(channel_name) if keep is None else None
