@@ -183,6 +183,61 @@ def test_a_missing_log_file_is_named_in_the_log_with_its_channels(tmp_path, capl
                and "work" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize("end", ["oldest", "newest"])
+def test_a_missing_oldest_or_newest_log_file_is_named_with_the_ids_it_held(tmp_path, caplog,
+                                                                          end):
+    """Each file records the oldest file kept and the next message id when it is made,
+    an older file where the log rolled on to, and the log each file the broker deleted:
+    a missing oldest or newest file is found, and the ids of the messages it held said."""
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=1024)
+    broker.create_channel("events", "work")
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    for i in range(40):                     # consumed: the broker deletes these files itself
+        broker.publish("events", f"done{i}".encode() * 10)
+        ch.set_rdy(consumer, 100)
+        consumer.fin_all()
+    broker.storage.wait_synced()
+    ch.remove_consumer(consumer)
+    ids = [broker.publish("events", f"m{i}".encode() * 10) for i in range(100)]
+    clean(broker)
+    files = files_of(tmp_path, "events")
+    assert int(files[0].name[:-4]) > 1      # the broker deleted the first ones
+    gone = files[0] if end == "oldest" else files[-1]
+    held = {r.payload[:8].hex() for r in records.scan_file(gone.read_bytes(), "")
+            if r.kind == records.PUB}
+    gone.unlink()
+    caplog.set_level(logging.ERROR, logger="pynsqd")
+    broker = start(tmp_path, clock, max_bytes_per_file=1024)
+    got = drain(broker, "events", "work")
+    assert sorted(got) == sorted(set(ids) - held)
+    said = [r.getMessage() for r in caplog.records if gone.name in r.getMessage()]
+    assert len(said) == 1 and f"{end} log file" in said[0]
+    if end == "oldest":   # the ids before the first one still there
+        assert f"before {min(set(ids) - held)}" in said[0]
+    else:                 # the ids from the first one it held
+        assert f"from id {min(held)}" in said[0]
+
+
+def test_files_the_broker_deleted_itself_are_not_reported_missing(tmp_path, caplog):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=1024)
+    broker.create_channel("events", "work")
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    for i in range(60):
+        broker.publish("events", f"m{i}".encode() * 10)
+        ch.set_rdy(consumer, 100)
+        consumer.fin_all()
+    broker.storage.wait_synced()
+    crash(broker)
+    assert int(files_of(tmp_path, "events")[0].name[:-4]) > 1
+    caplog.set_level(logging.ERROR, logger="pynsqd")
+    start(tmp_path, clock, max_bytes_per_file=1024)
+    assert not [r for r in caplog.records if "missing" in r.getMessage()]
+
+
 @pytest.mark.parametrize("stop", RESTARTS)
 def test_a_topic_with_more_durable_channels_than_a_64_bit_mask_restarts(tmp_path, stop):
     clock = ManualClock()

@@ -75,8 +75,13 @@ HEADER_SIZE = HEADER.size
 
 PUB, FIN, DEFER, ATTEMPTS, EMPTY, CHANNEL, TOPIC, STATE, FLUSH, DEDUPE, MOVE, CONFIG, BATCH = \
     range(1, 14)
-# A file's key (``prologue``); the lease journal's records (``broker.lease``).
-KEY, LEASE_MADE, LEASE_GONE = 14, 15, 16
+# A file's key (``prologue``); the lease journal's records (``broker.lease``); a topic's
+# record of its files: each file's ROLL (after its STATE), the FORWARD an older file gets
+# when the log rolls on to a new one, and FILE_GONE when a file is deleted.
+KEY, LEASE_MADE, LEASE_GONE, ROLL, FORWARD, FILE_GONE = 14, 15, 16, 17, 18, 19
+ROLL_BODY = struct.Struct(">IIQ")         # oldest file kept, this file, the next message id
+FORWARD_BODY = struct.Struct(">IQ")       # the next file, the next message id
+FILE_GONE_BODY = struct.Struct(">I")
 CREATE, DELETE, PAUSE, UNPAUSE = 1, 2, 3, 4
 
 HELD, EXPIRES, DEFERS = 1, 2, 4
@@ -413,6 +418,21 @@ def state(paused: bool, channels: dict[str, bool]) -> bytes:
     for name, channel_paused in channels.items():
         parts.append(bytes((int(channel_paused),)) + _name(name))
     return twice(STATE, b"".join(parts))
+
+
+def roll(oldest: int, seg: int, next_id: int) -> bytes:
+    """A new file's record of the log: the oldest file kept when it was made, its number,
+    and the id the next message will have (every message in it has that id or a later)."""
+    return twice(ROLL, ROLL_BODY.pack(oldest, seg, next_id))
+
+
+def forward(seg: int, next_id: int) -> bytes:
+    """Written at the end of a file when the log rolls on to file ``seg``."""
+    return twice(FORWARD, FORWARD_BODY.pack(seg, next_id))
+
+
+def file_gone(seg: int) -> bytes:
+    return twice(FILE_GONE, FILE_GONE_BODY.pack(seg))
 
 
 def flush() -> bytes:

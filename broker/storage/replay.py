@@ -57,6 +57,11 @@ class Replay:
         self._born: dict[int, int] = {HELD: 0}   # a live channel's bit -> the epoch it began at
         self._valid: dict[int, int] = {}         # slot epoch -> the bits that count in it
         self._live_mask = 0
+        # The log's record of its files: segment -> (oldest kept, next id) of its ROLL;
+        # segment -> (next segment, next id) of its FORWARD; the newest file deleted.
+        self.rolls: dict[int, tuple[int, int]] = {}
+        self.forwards: dict[int, tuple[int, int]] = {}
+        self.deleted_upto = 0
         self._overridden: set[int] | None = None  # bits with counts or times (at the end)
         self._any_due = False
         self._common: "array | bool | None" = None
@@ -232,6 +237,14 @@ class Replay:
         elif kind == records.CONFIG:
             channel, data = record.config()
             self.config[channel] = data
+        elif kind == records.ROLL:
+            oldest, _, next_id = records.ROLL_BODY.unpack(record.payload)
+            self.rolls[seg] = (oldest, next_id)
+        elif kind == records.FORWARD:
+            self.forwards[seg] = records.FORWARD_BODY.unpack(record.payload)
+        elif kind == records.FILE_GONE:
+            gone, = records.FILE_GONE_BODY.unpack(record.payload)
+            self.deleted_upto = max(self.deleted_upto, gone)
 
     def _batch(self, seg: int, record: records.Record) -> None:
         """Each message of a BATCH, as its PUB would: message ``i`` is at the batch's

@@ -95,6 +95,7 @@ class TopicLog:
         self.deleted: list[Path] = []       # reclaimed segments, to unlink off the loop
         self.on_reclaim: Callable[[int], None] | None = None
         self.appended = 0                   # bytes appended since the start (STATEs aside)
+        self.next_id: Callable[[], int] = lambda: 0   # the id the next message will have
 
     def segment_numbers(self) -> list[int]:
         return sorted(int(name[:-4]) for name in self.files.listdir(str(self.dir))
@@ -109,16 +110,29 @@ class TopicLog:
         existing = self.segment_numbers()
         self._roll((existing[-1] if existing else 0) + 1)
 
-    def _roll(self, seg: int) -> None:
+    def _roll(self, seg: int, next_id: int | None = None) -> None:
+        """Start segment ``seg``; ``next_id``: the id of the first message to go in it
+        (default: the next the broker will give)."""
         fd = self.files.open(str(self.path(seg)), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         key = records.new_key()
+        next_id = self.next_id() if next_id is None else next_id
+        oldest = min([s for s in self.sizes if s != seg] or [seg])
         try:
-            self._write_all(fd, 0, records.prologue(key) + records.seal(self.state(), key))
+            self._write_all(fd, 0, records.prologue(key) + records.seal(
+                self.state() + records.roll(oldest, seg, next_id), key))
         except OSError:
             self.files.close(fd)
             self.files.unlink(str(self.path(seg)))
             raise
         if self._fd >= 0:
+            # The old file says where the log went on: a lost newest file is then known.
+            try:
+                self._write_all(self._fd, self._size, records.seal(
+                    records.forward(seg, next_id), self.key))
+                self._size = self.sizes[self.current] = self.files.size(self._fd)
+            except OSError as err:
+                log.warning("%s: could not note the roll to file %d in file %d: %s",
+                            self.dir, seg, self.current, err)
             self.retired.append(self._fd)
         self.current, self._fd, self.key = seg, fd, key
         self.keys[seg] = key
@@ -145,10 +159,11 @@ class TopicLog:
                               "will skip the torn record)", self.dir, err)
             raise
 
-    def append(self, data: bytes) -> int:
-        """Write ``data`` (whole records) in one go; return the location where it starts."""
+    def append(self, data: bytes, first_id: int | None = None) -> int:
+        """Write ``data`` (whole records; ``first_id``: of the first message it publishes)
+        in one go; return the location where it starts."""
         if self._size and self._size + len(data) > self.max_bytes:
-            self._roll(self.current + 1)
+            self._roll(self.current + 1, first_id)
         offset = self._size
         try:
             self._write_all(self._fd, offset, records.seal(data, self.key))

@@ -336,6 +336,7 @@ class DiskStore(Store):
         topic_log = TopicLog(self._dir(name), self.options.max_bytes_per_file, self.files,
                              logged.record)
         topic_log.on_reclaim = lambda seg: self._segment_reclaimed(name, seg)
+        topic_log.next_id = lambda: self.broker.new_id._next
         return topic_log
 
     def _durable(self, channel: "Channel") -> bool:
@@ -391,7 +392,8 @@ class DiskStore(Store):
         queued, prefix = self._encode_queued(topic.name)
         try:
             loc = topic_log.append(b"".join((prefix, data, records.dedupe(producer)
-                                             if producer is not None else b"")))
+                                             if producer is not None else b"")),
+                                   int.from_bytes(run.raw_ids[:8], "big"))
         except OSError as err:
             log.error("%s: a publish could not be written: %s", topic_log.dir, err)
             raise StorageFailed(f"PUB to {topic.name} failed: the data path could not take "
@@ -774,7 +776,9 @@ class DiskStore(Store):
             self._written(name, queued)
 
     def _segment_reclaimed(self, name: str, seg: int) -> None:
-        """A segment is about to go: keep its live de-duplication entries."""
+        """A segment is about to go: note it (a start then knows the oldest file it
+        should find), and keep its live de-duplication entries."""
+        self._queued.setdefault(name, []).append(records.file_gone(seg))
         for payload in self._dedupe.get(name, {}).pop(seg, []):
             if self.broker.dedupe.is_live(payload):
                 self._queued.setdefault(name, []).append(records.dedupe(payload))
@@ -1004,11 +1008,35 @@ class DiskStore(Store):
             topic_log.sizes[seg], topic_log.keys[seg] = self._scan_file(
                 topic_log.path(seg), lambda r, seg=seg: replay.read(seg, r), replay.damaged)
         topic_log.batches = replay.batches
+        self._missing_ends(name, topic_log, replay)
         if replay.damage:
             log.error("%s: topic %s: damaged records skipped (file and offset above): %s",
                       topic_log.dir, name, "; ".join(f"{count} {what}" for what, count
                                                      in sorted(replay.damage.items())))
         return replay, topic_log
+
+    def _missing_ends(self, name: str, topic_log: TopicLog, replay: Replay) -> None:
+        """Say so when the oldest or newest file of a topic's log is missing, from the
+        log's record of its files: which files, and which messages they held (by id)."""
+        present = sorted(topic_log.sizes)
+        if not present:
+            return
+        first, last = present[0], present[-1]
+        oldest_kept = replay.rolls.get(last, (0, 0))[0]
+        expected = max(oldest_kept, replay.deleted_upto + 1)
+        if oldest_kept and first > expected:
+            upto = replay.rolls.get(first, (0, 0))[1]
+            log.error("%s: topic %s: oldest log file(s) %s missing (neither found nor deleted "
+                      "by the broker): the messages pending in them are lost: those with ids "
+                      "before %016x (durable channels: %s)", topic_log.dir, name,
+                      ", ".join(topic_log.path(n).name for n in range(expected, first)), upto,
+                      ", ".join(sorted(replay.channels)) or "none")
+        if last in replay.forwards:
+            after, since = replay.forwards[last]
+            log.error("%s: topic %s: newest log file %s (and any after it) missing: every "
+                      "message published to the topic from id %016x on is lost, with the "
+                      "FINs and changes written there", topic_log.dir, name,
+                      topic_log.path(after).name, since)
 
     def _scan_file(self, path: Path, read: Callable[[records.Record], None],
                    damaged: Callable[[bytes], None] | None = None) -> tuple[int, int]:
