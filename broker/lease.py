@@ -454,7 +454,12 @@ class LeaseJournal:
     # -- writing --------------------------------------------------------------
     def open(self, live: "Iterable[tuple[str, str, str, float, list[str], list[int], str]]") -> None:
         """Start the file afresh with ``live`` (the leases kept after a restart)."""
-        self._rewrite([(record[0], self._encode_made(*record)) for record in live])
+        try:
+            self._rewrite([(record[0], self._encode_made(*record)) for record in live])
+        except OSError as err:
+            raise OSError(err.errno, f"cannot start: could not rewrite the lease journal "
+                          f"{self.path}: {fileops.describe(err)} (it is as it was; free space "
+                          f"or make it writable and start again)") from err
 
     def made(self, lease: "Lease") -> None:
         """Write ``lease`` down; ``StorageFailed`` (and the file as it was) if it cannot be."""

@@ -142,3 +142,18 @@ def test_a_reserve_on_a_full_disk_is_resource_exhausted_and_five_later_leases_su
             session.close()
         broker.call(crash, broker.broker)
     assert loaded(tmp_path / "data") == first + later
+
+
+def test_a_start_that_cannot_rewrite_the_journal_says_so_and_leaves_it_as_it_was(tmp_path):
+    broker, journal, session = journaled_broker(tmp_path)
+    leases = [reserve(broker, session).lease_id for _ in range(3)]
+    before = (tmp_path / "leases.journal").read_bytes()
+    files = FaultyFiles()
+    files.fail("write", errno.ENOSPC)
+    restarted = LeaseJournal(tmp_path / "leases.journal", files)
+    kept = restarted.load()
+    with pytest.raises(OSError, match="cannot start: could not rewrite the lease journal"):
+        restarted.open(kept)
+    assert (tmp_path / "leases.journal").read_bytes() == before
+    assert not (tmp_path / "leases.journal.tmp").exists()
+    assert loaded(tmp_path) == leases
