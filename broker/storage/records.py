@@ -124,16 +124,21 @@ def seal(data: "bytes | bytearray", key: int) -> "bytes | bytearray":
     them: each record's check XOR the key."""
     if not key:
         return data
+    length, crc = _CHECK.unpack_from(data, 3)
+    size = len(data)
+    if HEADER_SIZE + length == size:  # one record: a PUB, the usual append
+        return b"".join((data[:7], _CRC.pack(crc ^ key), memoryview(data)[HEADER_SIZE:]))
     out = bytearray(data)
-    pos, size, unpack, pack = 0, len(out), _CHECK.unpack_from, _CHECK.pack_into
+    pos, unpack, pack = 0, _CHECK.unpack_from, _CRC.pack_into
     while pos < size:
         length, crc = unpack(out, pos + 3)
-        pack(out, pos + 3, length, crc ^ key)
+        pack(out, pos + 7, crc ^ key)
         pos += HEADER_SIZE + length
     return out
 
 
 _CHECK = struct.Struct(">II")             # a header's length and check
+_CRC = struct.Struct(">I")
 
 
 def file_key(head: bytes) -> tuple[int, int] | None:
