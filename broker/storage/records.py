@@ -122,7 +122,7 @@ def prologue(key: int) -> bytes:
 def seal(data: "bytes | bytearray", key: int) -> "bytes | bytearray":
     """``data`` (whole records, checked without a key) as a file with ``key`` holds
     them: each record's check XOR the key."""
-    if not key:
+    if not key or not data:
         return data
     length, crc = _CHECK.unpack_from(data, 3)
     size = len(data)
