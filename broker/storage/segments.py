@@ -159,11 +159,11 @@ class TopicLog:
                               "will skip the torn record)", self.dir, err)
             raise
 
-    def append(self, data: bytes, first_id: int | None = None) -> int:
-        """Write ``data`` (whole records; ``first_id``: of the first message it publishes)
-        in one go; return the location where it starts."""
+    def append(self, data: bytes, ids: bytes | None = None) -> int:
+        """Write ``data`` (whole records; ``ids``: of the messages it publishes, 8 bytes
+        each) in one go; return the location where it starts."""
         if self._size and self._size + len(data) > self.max_bytes:
-            self._roll(self.current + 1, first_id)
+            self._roll(self.current + 1, int.from_bytes(ids[:8], "big") if ids else None)
         offset = self._size
         try:
             self._write_all(self._fd, offset, records.seal(data, self.key))

@@ -393,7 +393,7 @@ class DiskStore(Store):
         try:
             loc = topic_log.append(b"".join((prefix, data, records.dedupe(producer)
                                              if producer is not None else b"")),
-                                   int.from_bytes(run.raw_ids[:8], "big"))
+                                   run.raw_ids)
         except OSError as err:
             log.error("%s: a publish could not be written: %s", topic_log.dir, err)
             raise StorageFailed(f"PUB to {topic.name} failed: the data path could not take "
