@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from . import (durability, grpc_throughput, nsq_bench, scaling, tcp_throughput, tls_throughput,
-               workers_bench)
+from . import (durability, grpc_throughput, nsq_bench, restart_channels, scaling, tcp_throughput,
+               tls_throughput, workers_bench)
 
 FULL = {"grpc": 200_000, "tcp": 400_000, "spark": 1_000_000, "writers": 1_000_000,
         "spark_latency_s": 20, "spark_warm_up_s": 5,
@@ -233,6 +233,8 @@ def collect(sizes: dict, with_spark: bool = True) -> Iterator[dict]:
               f"{d['memory'][f'{kind}_cpu_us_per_msg']:.2f} (medians of {d['rounds']})")
           for kind, goal in (("publish", "0.9"), ("consume", "0.85"))],
     ]
+    stage("restart CPU per pending copy: 2,000 channels x 100 ÷ 3 channels x a long backlog")
+    yield from (row(*r) for r in restart_channels.rows(sizes["queued"]))
     stage("NSQ's bench_writer and bench_reader against nsqd and pynsqd")
     yield from nsq_rows(sizes)
     stage("one pynsqd against pynsqd --workers N")
