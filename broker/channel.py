@@ -13,7 +13,7 @@ import asyncio
 import itertools
 import logging
 from bisect import bisect_right
-from itertools import accumulate, repeat
+from itertools import accumulate, chain, islice, repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
@@ -492,7 +492,7 @@ class Channel:
 
     def _pump_pass(self) -> bool:
         """One pass of ``_pump``; whether it stopped on bytes rather than on room."""
-        open_ = self._with_room()
+        open_ = self._with_room(len(self._ready))
         if not open_:
             return False
         room = sum(r for _, r in open_)
@@ -519,27 +519,30 @@ class Channel:
                 wanting.discard(consumer)
         return bool(max_bytes) and len(msgs) < room
 
-    def _with_room(self) -> list[tuple[Consumer, int]]:
+    def _with_room(self, wanted: int) -> list[tuple[Consumer, int]]:
         """The consumers with room and how much each has, in round-robin order from the
-        one after the consumer served last; those found without any leave ``_wanting``."""
+        one after the consumer served last, no more of them than ``wanted`` (the messages
+        ready: a pass deals one to each in turn, so those after the ``wanted``-th would
+        get none); those found without room leave ``_wanting``."""
         wanting, seat = self._wanting, self._seat
-        # Most of them (a channel whose consumers wait for messages): one walk in order;
-        # a few (those a FIN, a REQ or a timeout gave room): sorted by seat.
-        candidates = (self._consumers if len(wanting) * 4 >= len(self._consumers)
-                      else sorted(wanting, key=seat.__getitem__))
-        open_ = []
-        for consumer in candidates:
+        consumers = self._consumers
+        if len(wanting) * 4 >= len(consumers):
+            # Most of them (a channel whose consumers wait for messages): a walk in order.
+            ordered = consumers
+        else:
+            # A few (those a FIN, a REQ or a timeout gave room): sorted by seat.
+            ordered = sorted(wanting, key=seat.__getitem__)
+        split = bisect_right(ordered, self._last_served, key=seat.__getitem__)
+        open_, full = [], []
+        for consumer in chain(islice(ordered, split, None), islice(ordered, split)):
             r = consumer.room()
             if r > 0:
                 open_.append((consumer, r))
-        if len(open_) < len(wanting):
-            wanting.intersection_update([c for c, _ in open_])
-        if len(open_) > 1:
-            # From the first seat after the one served last, round to those before it.
-            last = self._last_served
-            split = next((i for i, (c, _) in enumerate(open_) if seat[c] > last), 0)
-            if split:
-                open_ = open_[split:] + open_[:split]
+                if len(open_) >= wanted:
+                    break
+            else:
+                full.append(consumer)
+        wanting.difference_update(full)
         return open_
 
     def _share(self, msgs: list[Message], open_: list[tuple[Consumer, int]]
