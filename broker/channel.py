@@ -210,13 +210,9 @@ class Channel:
         self._may_have_room(holder)
         self._pump()
 
-    def wake(self, consumer: Consumer | None = None) -> None:
-        """A consumer that could not take messages (its transport was full) now can
-        (None: any of them may)."""
-        if consumer is None:
-            self._wanting.update(self._consumers)
-        else:
-            self._may_have_room(consumer)
+    def wake(self, consumer: Consumer) -> None:
+        """``consumer`` could not take messages (its transport was full) and now can."""
+        self._may_have_room(consumer)
         self._pump()
 
     def _may_have_room(self, holder: Consumer) -> None:
