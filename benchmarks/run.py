@@ -58,8 +58,9 @@ GOAL = re.compile(r"^(ratio )?(>=|<=) ([\d.]+)")
 def row(name: str, value: float, unit: str, baseline: float | None, goal: str,
         ratio: float | None = None) -> dict:
     """A row; its ratio is ``value / baseline`` unless given (a worst round's, say)."""
-    if ratio is None:
-        ratio = round(value / baseline, 3) if baseline else None
+    if ratio is None and baseline:
+        # Three places, but a positive ratio never rounds to 0 (a smoke run's 70 ÷ 300,000).
+        ratio = round(value / baseline, 3) or float(f"{value / baseline:.2g}")
     r = {"figure": name, "value": value, "unit": unit, "baseline": baseline,
          "ratio": ratio, "goal": goal}
     r["met"] = goal_met(r)
