@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from .core import TICK_INTERVAL, Broker
+from .identity import data_path_identity
 from .lease import LeaseJournal
 from .lookupd import LookupdRegistration
 from .options import Options
@@ -96,6 +97,12 @@ class BrokerApp:
             node_id = self.options.node_id_for(self.grpc_address)
             if node_id != self.broker.new_id.node_id:
                 self.broker.new_id.node_id = node_id
+            if self.options.data_path:
+                # Named by its data path, not its address: a reader finds its leases after
+                # a restart on other ports.
+                self.broker.identity = data_path_identity(self.options.data_path, node_id)
+            else:
+                self.broker.identity = f"n{node_id}-{self.broker.instance_id}"
             if self.options.tcp_address:
                 self._tcp = TcpServer(self.broker, self.security)
                 self.tcp_address = await self._tcp.start(self.options.tcp_address)
@@ -116,8 +123,8 @@ class BrokerApp:
             self._close_storage()
             raise
         self._ticker = asyncio.create_task(self._tick_forever())
-        log.info("gRPC: listening on %s (node id %d)", self.grpc_address,
-                 self.broker.new_id.node_id)
+        log.info("gRPC: listening on %s (node id %d, identity %s)", self.grpc_address,
+                 self.broker.new_id.node_id, self.broker.identity)
         if self.options.lookupd_tcp_address:
             self._lookupd = LookupdRegistration(self.broker, self.addresses)
             self._lookupd.start()

@@ -60,6 +60,9 @@ class Broker:
         self.start_time = int(time.time())
         # Names this instance (it changes on restart): a lease made elsewhere is not here.
         self.instance_id = secrets.token_hex(8)
+        # Names this broker across restarts and moves (``identity.py``): a durable broker's
+        # comes from its data path (BrokerApp), a memory-only one's is its instance's.
+        self.identity = f"n{self.new_id.node_id}-{self.instance_id}"
         # pynsqd --workers: each worker's own addresses ({"grpc", "tcp", "http"}), in
         # worker order, shown by /info and the gRPC Info call; empty for a single broker.
         self.workers: tuple[dict[str, str], ...] = ()

@@ -6,7 +6,7 @@
 Everything is read from the core when Prometheus scrapes (a custom collector),
 so publishing and delivering pay nothing for it. Per topic (label ``topic``):
 depth, paused, messages and message bytes published. Per channel (labels
-``topic``, ``channel``): depth, in flight, deferred, clients, paused; messages
+``topic``, ``channel``): depth, in flight, deferred, lag, clients, paused; messages
 delivered, FINished, requeued, timed out, dead-lettered and expired (counters);
 and the end-to-end latency, publish to FIN, as a histogram in seconds. The process (CPU, memory,
 open files) and the Python runtime (GC) come from prometheus_client's own
@@ -69,6 +69,9 @@ class BrokerCollector:
                             "requeued or timed out.", _CHANNEL)
         c_deferred = gauge("channel_deferred", "Messages waiting out a REQ or DPUB delay.",
                            _CHANNEL)
+        c_lag = gauge("channel_lag", "Messages the channel received and has not FINished "
+                      "yet: ready, in flight and deferred (a consumer's lag, as Kafka's "
+                      "records-lag, in messages).", _CHANNEL)
         c_clients = gauge("channel_clients", "Consumers subscribed to the channel.", _CHANNEL)
         c_paused = gauge("channel_paused", "1 if the channel is paused.", _CHANNEL)
         c_messages = counter("channel_messages", "Messages the channel received.", _CHANNEL)
@@ -99,6 +102,7 @@ class BrokerCollector:
                 c_depth.add_metric(labels, c.depth)
                 c_in_flight.add_metric(labels, c.in_flight_count)
                 c_deferred.add_metric(labels, c.deferred_count)
+                c_lag.add_metric(labels, c.depth + c.in_flight_count + c.deferred_count)
                 c_clients.add_metric(labels, len(c.clients))
                 c_paused.add_metric(labels, int(c.paused))
                 c_messages.add_metric(labels, c.message_count)
@@ -111,7 +115,7 @@ class BrokerCollector:
                 c_latency.add_metric(labels, *_histogram(latency.bucket_counts,
                                                          latency.sum_ms))
         yield from (topics, t_depth, t_paused, t_messages, t_bytes, t_read_errors, c_depth,
-                    c_in_flight, c_deferred, c_clients, c_paused, c_messages, c_finished,
+                    c_in_flight, c_deferred, c_lag, c_clients, c_paused, c_messages, c_finished,
                     c_requeued, c_timed_out, c_dead, c_expired, c_latency)
 
 

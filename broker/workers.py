@@ -159,7 +159,8 @@ def worker_dirs(data_path: str) -> dict[int, Path]:
         return {}
     found = {int(m.group(1)): p for p in root.iterdir()
              if p.is_dir() and (m := WORKER_DIR.match(p.name))}
-    return {i: p for i, p in found.items() if any(q.name != "LOCK" for q in p.iterdir())}
+    return {i: p for i, p in found.items()
+            if any(q.name not in ("LOCK", "identity") for q in p.iterdir())}
 
 
 def uses_worker_layout(data_path: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Iterator
 
 import pyarrow as pa
@@ -74,13 +75,54 @@ def _drop(key: tuple) -> None:
 def fetch_slice(part) -> Iterator[pa.RecordBatch]:
     """Yield the messages of ``part`` (a ``LeaseSlice``) still held by its lease.
 
-    A lease that is gone (finished, requeued, timed out, or asked of another
-    broker instance than the one that made it) fails the task, so that Spark
-    retries it or fails the query instead of committing a batch that read
+    A broker that does not answer (it restarts, the network blips) is waited for as
+    the driver waits: the fetch is tried again, backing off, until
+    ``reconnectTimeoutMs`` has passed since it first failed; rows a broken stream
+    already yielded are not yielded again. So a broker back within that time fails
+    no task. Right after a restart the lease may not be held yet (the driver adopts
+    it again within a touch interval): ``WrongBroker`` is waited for the same way.
+
+    A lease that is gone (finished, requeued, timed out) fails the task, so that
+    Spark retries it or fails the query instead of committing a batch that read
     nothing; with ``failOnDataLoss=false`` a lease that ended reads nothing and
     logs why (one asked of the wrong broker instance still fails).
     """
+    window = part.reconnect_timeout_s
+    yielded: list[pa.Array] = []   # ids yielded so far, should the stream break
+    first_failure: float | None = None
+    delay = 0.1
+    while True:
+        try:
+            yield from _fetch_once(part, yielded)
+            return
+        except (BrokerUnavailable, WrongBroker) as err:
+            now = time.monotonic()
+            first_failure = now if first_failure is None else first_failure
+            if now - first_failure >= window:
+                if isinstance(err, WrongBroker):
+                    raise _lost(part, err) from None
+                raise ConnectionError(
+                    f"pynsq source: fetching lease {part.lease_id} from {part.address} "
+                    f"failed: {err} (waited {now - first_failure:.1f} s, reconnectTimeoutMs "
+                    f"{window * 1000:.0f})") from None
+            log.warning("pynsq: fetching lease %s from %s failed (%s); trying again in "
+                        "%.1f s, for up to reconnectTimeoutMs", part.lease_id, part.address,
+                        err, delay)
+            time.sleep(min(delay, max(0.0, first_failure + window - now)))
+            delay = min(delay * 2, 2.0)
+
+
+def _lost(part, err: Exception) -> LeaseLost:
+    return LeaseLost(f"pynsq source: lease {part.lease_id} on {part.address} is gone: {err}. "
+                     f"Its messages were requeued and will be read again; this task fails "
+                     f"so that the batch does not commit without them")
+
+
+def _fetch_once(part, yielded: list[pa.Array]) -> Iterator[pa.RecordBatch]:
+    """One try of ``fetch_slice``: rows whose ids are in ``yielded`` are skipped (a try
+    before this one yielded them), and the ids of what is yielded are added."""
     key, client = _client(part)
+    seen = pa.concat_arrays(yielded) if yielded else None
     done = False
     try:
         frames = client.fetch_lease(part.lease_id, part.partition, part.num_partitions,
@@ -88,19 +130,22 @@ def fetch_slice(part) -> Iterator[pa.RecordBatch]:
                                     timeout=max(part.timeout_s, 60.0))
         for frame in frames:
             if frame.count:
-                yield to_record_batch(frame, part.topic, part.channel)
+                batch = to_record_batch(frame, part.topic, part.channel)
+                if seen is not None:
+                    batch = batch.filter(pc.invert(pc.is_in(batch.column(0), value_set=seen)))
+                    if not batch.num_rows:
+                        continue
+                yielded.append(batch.column(0))
+                yield batch
         done = True
+    except WrongBroker:
+        raise
     except LeaseNotFound as err:
-        if not part.fail_on_data_loss and not isinstance(err, WrongBroker):
+        if not part.fail_on_data_loss:
             log.warning("pynsq: lease %s on %s is gone (%s); reading nothing "
                         "(failOnDataLoss=false)", part.lease_id, part.address, err)
             return
-        raise LeaseLost(f"pynsq source: lease {part.lease_id} on {part.address} is gone: {err}. "
-                        f"Its messages were requeued and will be read again; this task fails "
-                        f"so that the batch does not commit without them") from None
-    except BrokerUnavailable as err:
-        raise ConnectionError(f"pynsq source: fetching lease {part.lease_id} from "
-                              f"{part.address} failed: {err}") from None
+        raise _lost(part, err) from None
     finally:
         if not done:
             # Failed, or stopped half-way (Spark cancelled the task, a LIMIT was reached):

@@ -6,8 +6,11 @@ bad value, raises ``OptionError`` naming it, so the query fails at start.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from broker.names import is_valid_name
 from broker.security.client import SPARK_OPTIONS, ClientSecurity
@@ -26,11 +29,64 @@ def _lower(options: Mapping[str, str]) -> dict[str, str]:
     return {k.lower(): v for k, v in options.items() if k.lower() not in SPARK_OWN}
 
 
-def _check_unknown(given: dict[str, str], known: set[str], what: str) -> None:
-    unknown = sorted(set(given) - known)
-    if unknown:
-        raise OptionError(f"unknown option(s) for the pynsq {what}: {', '.join(unknown)} "
-                          f"(known: {', '.join(sorted(known))})")
+# Kafka's names for options whose meaning is the same here, as Spark's Kafka source
+# spells them: a Kafka user's options work unchanged.
+KAFKA_ALIASES = {"maxOffsetsPerTrigger": "maxMessagesPerTrigger",
+                 "minOffsetsPerTrigger": "minMessagesPerTrigger",
+                 "subscribe": "topic"}
+# Names as documented, to show them so whatever case they were given in.
+_SPELLED = {n.lower(): n for n in (*KAFKA_ALIASES, *KAFKA_ALIASES.values(), "batchSize",
+                                   "producer")}
+
+
+def _spelled(name: str) -> str:
+    return _SPELLED.get(name.lower(), name)
+
+
+def _check_unknown(given: dict[str, str], known: Iterable[str], what: str) -> None:
+    """One short message for every unknown option, each with the known name it is
+    closest to ("did you mean"), or the known names when none is close."""
+    known_lower = {n.lower() for n in known}
+    unknown = sorted(set(given) - known_lower)
+    if not unknown:
+        return
+    parts, guessed = [], False
+    for name in unknown:
+        close = difflib.get_close_matches(name, sorted(known_lower), n=1, cutoff=0.75)
+        guessed |= bool(close)
+        parts.append(f"{name} (did you mean {_spelled(close[0])}?)" if close else name)
+    tail = "" if guessed else f" (known: {', '.join(sorted(_spelled(n) for n in known_lower))})"
+    raise OptionError(f"unknown option(s) for the pynsq {what}: {', '.join(parts)}{tail}")
+
+
+def _as_given(given: dict[str, str], ours: str) -> str:
+    """``ours``, or the Kafka name of it the user gave (so an error names what they typed).
+    A value given under a Kafka name is read under that name."""
+    for kafka, name in KAFKA_ALIASES.items():
+        if name == ours and kafka.lower() in given:
+            if ours.lower() in given and given[ours.lower()].strip() != \
+                    given[kafka.lower()].strip():
+                raise OptionError(f"options {kafka} and {ours} are the same option, given two "
+                                  f"values ({given[kafka.lower()]!r}, {given[ours.lower()]!r}): "
+                                  f"give one")
+            return kafka
+    return ours
+
+
+_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _duration_ms(given: dict[str, str], name: str, default: int) -> int:
+    """A duration as Spark writes them (``15m``, ``30s``, ``500ms``; a bare number is ms)."""
+    raw = given.get(name.lower())
+    if raw is None:
+        return default
+    match = _DURATION.match(raw)
+    if not match:
+        raise OptionError(f"option {name}: expected a duration such as 15m, 30s or 500ms, "
+                          f"got {raw!r}")
+    return int(match.group(1)) * _UNIT_MS[(match.group(2) or "ms").lower()]
 
 
 def _int(given: dict[str, str], name: str, default: int, minimum: int = 1) -> int:
@@ -63,9 +119,25 @@ def require_name(given: dict[str, str], name: str, kind: str) -> str:
     if not value:
         raise OptionError(f"option {name} is required")
     if not is_valid_name(value):
-        raise OptionError(f"option {name}: invalid {kind} name {value!r} (1-64 characters of "
-                          f"[.a-zA-Z0-9_-], optionally ending in #ephemeral)")
+        raise OptionError(_invalid_name(name, kind, value))
     return value
+
+
+def _invalid_name(option: str, kind: str, value: str) -> str:
+    return (f"option {option}: invalid {kind} name {value!r} (1-64 characters of "
+            f"[.a-zA-Z0-9_-], optionally ending in #ephemeral)")
+
+
+def require_names(given: dict[str, str], name: str, kind: str) -> tuple[str, ...]:
+    """A comma-separated list of names (one at least), each checked, in order, once."""
+    raw = given.get(name.lower()) or ""
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    if not names:
+        raise OptionError(f"option {name} is required")
+    bad = next((value for value in names if not is_valid_name(value)), None)
+    if bad is not None:
+        raise OptionError(_invalid_name(name, kind, bad))
+    return tuple(dict.fromkeys(names))
 
 
 def _bool(given: dict[str, str], name: str, default: bool) -> bool:
@@ -88,12 +160,14 @@ DEFAULT_MAX_BYTES_PER_TRIGGER = 128 << 20
 # How long a broker that answered before may stay silent (a restart, a blip) before it
 # counts as unreachable: calls meanwhile wait for it to come back.
 DEFAULT_RECONNECT_TIMEOUT_MS = 30_000
+# How long minMessagesPerTrigger may hold back a batch with fewer messages (Kafka's default).
+DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60_000
 
 
 @dataclass(frozen=True)
 class ReaderOptions:
     addresses: list[str]
-    topic: str
+    topics: tuple[str, ...]   # one or more: option topic (or subscribe) is a list
     channel: str
     max_messages_per_trigger: int
     max_bytes_per_trigger: int
@@ -107,23 +181,35 @@ class ReaderOptions:
     lookupd_addresses: tuple[str, ...] = ()  # nsqlookupd HTTP host:port; then addresses is []
     lookupd_poll_interval_ms: int = 5000     # how often the fleet is asked again, at most
     reconnect_timeout_ms: int = DEFAULT_RECONNECT_TIMEOUT_MS  # a broker silent longer: unreachable
+    fail_on_broker_down: bool = False   # a durable broker unreachable stops the query
+    min_messages_per_trigger: int = 0   # fewer ready: wait, up to max_trigger_delay_ms
+    max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
 
-    NAMES = ("address", "lookupdHttpAddress", "lookupdPollIntervalMs", "topic", "channel", "maxMessagesPerTrigger", "maxBytesPerTrigger",
-             "msgTimeoutMs", "numPartitions", "timeoutMs", "clientId", "failOnDataLoss",
-             "maxAttempts", "reconnectTimeoutMs", *SPARK_OPTIONS)
+    NAMES = ("address", "lookupdHttpAddress", "lookupdPollIntervalMs", "topic", "channel",
+             "maxMessagesPerTrigger", "maxBytesPerTrigger", "msgTimeoutMs", "numPartitions",
+             "timeoutMs", "clientId", "failOnDataLoss", "maxAttempts", "reconnectTimeoutMs", "failOnBrokerDown", "minMessagesPerTrigger",
+             "maxTriggerDelay", *KAFKA_ALIASES, *SPARK_OPTIONS)
+
+    @property
+    def topic(self) -> str:
+        """The topic of a one-topic source (each topic of a list has its own ``for_topic``)."""
+        return self.topics[0]
+
+    def for_topic(self, topic: str) -> "ReaderOptions":
+        return dataclasses.replace(self, topics=(topic,))
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "ReaderOptions":
         given = _lower(options)
-        _check_unknown(given, {n.lower() for n in cls.NAMES}, "source")
+        _check_unknown(given, cls.NAMES, "source")
         addresses, lookupd = broker_addresses(given)
         return cls(
             addresses=addresses,
             lookupd_addresses=tuple(lookupd),
             lookupd_poll_interval_ms=_int(given, "lookupdPollIntervalMs", 5000, minimum=100),
-            topic=require_name(given, "topic", "topic"),
+            topics=require_names(given, _as_given(given, "topic"), "topic"),
             channel=require_name(given, "channel", "channel"),
-            max_messages_per_trigger=_int(given, "maxMessagesPerTrigger",
+            max_messages_per_trigger=_int(given, _as_given(given, "maxMessagesPerTrigger"),
                                           DEFAULT_MAX_MESSAGES_PER_TRIGGER),
             max_bytes_per_trigger=_int(given, "maxBytesPerTrigger",
                                        DEFAULT_MAX_BYTES_PER_TRIGGER),
@@ -132,12 +218,20 @@ class ReaderOptions:
             timeout_ms=_int(given, "timeoutMs", 10_000, minimum=100),
             client_id=given.get("clientid", ""),
             fail_on_data_loss=_bool(given, "failOnDataLoss", True),
+            fail_on_broker_down=_bool(given, "failOnBrokerDown", False),
+            min_messages_per_trigger=_int(given, _as_given(given, "minMessagesPerTrigger"), 0,
+                                          minimum=0),
+            max_trigger_delay_ms=_duration_ms(given, "maxTriggerDelay",
+                                              DEFAULT_MAX_TRIGGER_DELAY_MS),
             reconnect_timeout_ms=_int(given, "reconnectTimeoutMs", DEFAULT_RECONNECT_TIMEOUT_MS,
                                       minimum=0),
             security=security_options(given),
             max_attempts=(_int(given, "maxAttempts", 0, minimum=0)
                           if given.get("maxattempts") is not None else None),
         )
+
+
+_SPELLED.update({n.lower(): n for n in ReaderOptions.NAMES})
 
 
 def broker_addresses(given: dict[str, str]) -> tuple[list[str], list[str]]:

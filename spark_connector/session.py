@@ -13,9 +13,16 @@ Brokers fail apart: one that does not answer stops neither the reads nor the
 TOUCHes of the others. A broker that answered before and stops answering (it
 restarts, the network blips) is waited for: a call to it is retried, as the
 client reconnects, until ``reconnectTimeoutMs`` has passed since its first
-unanswered call. Only then is it unreachable: with ``failOnDataLoss`` (the
-default) that fails the query, naming its address; without, the query goes on
-with the others and tries it again, without waiting, on each trigger.
+unanswered call. Only then is it down. A durable broker keeps its messages, so
+the query goes on with the others (its messages late, not lost; the log and the
+progress say so) and tries it again, without waiting, on each trigger, unless
+``failOnBrokerDown`` asks to stop; one that keeps messages in memory only fails
+the query with ``failOnDataLoss`` (the default), naming its address.
+
+A broker is known by its identity (Info's ``identity``, kept in its data path),
+not its address: offsets name each lease's broker by it, and a lease is FINed
+or adopted wherever that broker answers now. A FIN whose broker is not among
+those connected is kept, and sent once it is found.
 """
 
 from __future__ import annotations
@@ -78,14 +85,22 @@ class _BrokerSession:
         self.durable = True
         # Whether its Reserve FINs the leases named with it first (one round trip a trigger).
         self.reserve_finishes = False
+        # What names the broker wherever it answers (Info's ``identity``; "" from a broker
+        # too old to say): offsets name leases by it, so a broker that moved is found.
+        self.identity = ""
         try:
             self.client.ping(timeout=options.timeout_ms / 1000)
-            info = self.client.info()
-            self.durable, self.reserve_finishes = info.durable, info.reserve_finishes
+            self.learn()
             self.open()
         except BrokerUnavailable as err:
             self.client.close()
             raise unreachable(address, err, options) from None
+
+    def learn(self) -> None:
+        """Ask the broker what it is (durable, its identity, what it can do)."""
+        info = self.client.info()
+        self.durable, self.reserve_finishes = info.durable, info.reserve_finishes
+        self.identity = info.identity
 
     @property
     def broker_id(self) -> str:
@@ -103,6 +118,7 @@ class _BrokerSession:
                 self.session.close()  # a stream replaced (or already ended) is let go
             self.session = session
             if previous and not session.resumed:
+                self.learn()  # a restart, or another broker now on this address
                 log.warning("pynsq: lease session on %s had ended (the broker restarted, or "
                             "its grace period passed); opened a new one", self.address)
             return session.resumed
@@ -203,13 +219,15 @@ class _BrokerSession:
 
 
 def unreachable(address: str, err: Exception, options: ReaderOptions | None = None,
-                silent: bool = False) -> BrokerUnreachable:
+                silent: bool = False, durable: bool = False) -> BrokerUnreachable:
     where = ("listed by nsqlookupd, option lookupdHttpAddress"
              if options is not None and options.lookupd_addresses else "option address")
     how_long = (f", silent for longer than reconnectTimeoutMs ({options.reconnect_timeout_ms}"
                 f" ms)" if silent and options is not None else "")
+    why = (" (failOnBrokerDown=true; with false the other brokers are read meanwhile and "
+           "its messages once it is back)" if durable else "")
     return BrokerUnreachable(f"pynsq source: cannot reach the broker at {address} "
-                             f"({where}){how_long}: {err}")
+                             f"({where}){how_long}: {err}{why}")
 
 
 def expand_workers(options: ReaderOptions) -> list[str]:
@@ -237,6 +255,13 @@ class LeaseKeeper:
         self._open: dict[int, dict[str, dict]] = {}  # batch -> leases of its offset
         self._unfinished: dict[str, set[str]] = {}  # address -> leases whose FIN failed
         self._unfinished_leases: dict[str, dict] = {}  # their offsets' entries, by id
+        # Leases to FIN whose broker is not among those connected (it moved and is not
+        # listed yet, or is down): kept, by id, and sent once it is found.
+        self._homeless: dict[str, dict] = {}
+        # Durable brokers silent past reconnectTimeoutMs (address -> since, epoch seconds):
+        # read again once they answer; their messages are late, not lost.
+        self.down: dict[str, float] = {}
+        self._told_homeless: set[str] = set()  # brokers whose absence was logged
         # Leases this keeper FINed (the last few): Spark's ``commit(end)`` and the next
         # ``latestOffset(start=end)`` name the same batch; its FIN is sent once.
         self._finished: OrderedDict[str, None] = OrderedDict()
@@ -300,10 +325,14 @@ class LeaseKeeper:
 
     def _each_broker(self, addresses: Iterable[str], action: Callable[[_BrokerSession], object],
                      what: str, may_fail_query: bool = True,
-                     wait: bool = True) -> dict[str, object]:
-        """Run ``action`` on each broker; one that fails does not stop the others. With
-        ``failOnDataLoss`` a broker that stays unreachable fails the query, unless the
-        call cannot lose data (``may_fail_query=False``: a FIN is kept and sent again).
+                     wait: bool = True, late: bool = True) -> dict[str, object]:
+        """Run ``action`` on each broker; one that fails does not stop the others. A broker
+        that stays unreachable fails the query unless the call cannot lose data
+        (``may_fail_query=False``: a FIN is kept and sent again), and then only as the
+        options say: a durable broker's messages wait for it (late, not lost), so it
+        fails the query only with ``failOnBrokerDown``, unless ``late=False`` (a replay,
+        which must read what it read before); one that keeps them in memory only fails
+        it with ``failOnDataLoss``.
         ``wait=False``: a silent broker is not waited for (see ``_BrokerSession.call``)."""
         results: dict[str, object] = {}
         for address in addresses:
@@ -317,10 +346,31 @@ class LeaseKeeper:
                 # back into the channel.
                 results[address] = session.call(action, wait)
             except BrokerUnavailable as err:
-                if self.options.fail_on_data_loss and may_fail_query:
-                    raise unreachable(address, err, self.options, silent=wait) from None
-                log.warning("pynsq: %s on %s failed: %s", what, address, err)
+                waits_for_it = late and session.durable
+                if may_fail_query and (self.options.fail_on_broker_down if waits_for_it
+                                       else self.options.fail_on_data_loss):
+                    raise unreachable(address, err, self.options, silent=wait,
+                                      durable=waits_for_it) from None
+                if may_fail_query and waits_for_it and wait:
+                    self._went_down(session, err)
+                else:
+                    log.warning("pynsq: %s on %s failed: %s", what, address, err)
+                continue
+            if self.down.pop(address, None) is not None:
+                log.warning("pynsq source: broker %s is back; reading its messages again",
+                            address)
         return results
+
+    def _went_down(self, session: _BrokerSession, err: Exception) -> None:
+        if session.address in self.down:
+            return
+        self.down[session.address] = time.time()
+        log.warning("pynsq source: broker %s (%s) of topic %s did not answer for longer than "
+                    "reconnectTimeoutMs (%d ms): %s. It keeps its messages (durable): they are "
+                    "read once it is back, late but not lost; reading the other brokers "
+                    "meanwhile (set failOnBrokerDown=true to stop the query instead)",
+                    session.address, session.identity, self.options.topic,
+                    self.options.reconnect_timeout_ms, err)
 
     def held_on(self, address: str) -> list[str]:
         with self._lock:
@@ -330,6 +380,31 @@ class LeaseKeeper:
     def broker_id(self, address: str) -> str | None:
         session = self._sessions.get(address)
         return session.broker_id if session is not None else None
+
+    def where(self, lease: dict) -> str | None:
+        """The address the broker holding ``lease`` answers at now, or None if it is not
+        among the brokers connected. A lease names its broker by identity (the address it
+        had may now be another broker's, or nobody's); one written before identities were
+        named is looked for at its address."""
+        identity = lease.get("identity")
+        if not identity:
+            return lease["address"] if lease["address"] in self._sessions else None
+        if self._sessions.get(lease["address"]) is not None \
+                and self._sessions[lease["address"]].identity == identity:
+            return lease["address"]
+        for address, session in self._sessions.items():
+            if session.identity == identity:
+                return address
+        # A broker that keeps messages in memory only takes a new identity on each start:
+        # the one at the lease's address now is that broker restarted (its leases gone).
+        here = self._sessions.get(lease["address"])
+        return lease["address"] if here is not None and not here.durable else None
+
+    def _absent(self, lease: dict, doing: str) -> str:
+        who = (f"broker {lease['identity']} (last at {lease['address']})"
+               if lease.get("identity") else f"the broker at {lease['address']}")
+        return (f"pynsq source: {doing} lease {lease['lease']}: {who} is not among the brokers "
+                f"of option {self._option} now")
 
     # -- driver calls --------------------------------------------------------
     def ensure_channel(self, addresses: Iterable[str] | None = None) -> None:
@@ -350,12 +425,38 @@ class LeaseKeeper:
         """Each broker's depth now: what the last ``reserve``'s answer from it said (a
         reserve's answer carries the depth it left behind), else asked with Stats."""
         fresh = self._reserved_depths or {}
-        asked = [a for a in self._sessions if a not in fresh]
+        asked = [a for a in self._sessions if a not in fresh and a not in self.down]
         if asked:
             self.ensure_channel(asked)
         depths = self._each_broker(asked, lambda s: s.depth(), "stats")
         return {a: fresh[a] if a in fresh else depths[a]
                 for a in self._sessions if a in fresh or a in depths}
+
+    def progress(self) -> dict:
+        """What a user watches, per broker: the channel's depth, the messages this query
+        holds in batches not committed yet (in flight), and their sum (its lag); brokers
+        down, whose messages are late."""
+        depths = self.latest_depths()
+        with self._lock:
+            held: dict[str, int] = {}
+            for leases in self._open.values():
+                for lease in leases.values():
+                    held[lease["address"]] = held.get(lease["address"], 0) + int(lease["count"])
+        brokers: dict[str, dict] = {}
+        for address, session in self._sessions.items():
+            entry: dict = {"identity": session.identity, "inFlight": held.get(address, 0)}
+            if address in depths:
+                entry["depth"] = depths[address]
+                entry["lag"] = depths[address] + entry["inFlight"]
+            if address in self.down:
+                entry["down"] = (f"not answering since "
+                                 f"{time.strftime('%H:%M:%S', time.gmtime(self.down[address]))}"
+                                 f" UTC: its messages are late, not lost")
+            brokers[address] = entry
+        return {"source": f"pynsq topic {self.options.topic} channel {self.options.channel}",
+                "depth": sum(depths.values()),
+                "lag": sum(e.get("lag", e["inFlight"]) for e in brokers.values()),
+                "brokersDown": len(self.down), "brokers": brokers}
 
     def planned(self, batch: int) -> dict | None:
         """The offset of ``batch`` if it was reserved and not finished yet."""
@@ -379,6 +480,10 @@ class LeaseKeeper:
         reserved from, or one that cannot (an older broker), gets them on their own first.
         With availableNow they go first, on their own: what a FIN finds lost to a broker
         restart is added back to what this reserve is to read."""
+        if self._fleet is not None or not self.options.fail_on_data_loss:
+            # First: a broker found again (it moved, it is back) gets its kept FINs now,
+            # before a reserve could lease their messages to this batch.
+            self._connect()
         fins = None
         if finish_through is not None:
             if self.target is not None:
@@ -405,8 +510,6 @@ class LeaseKeeper:
 
     def _reserve(self, batch: int, wanted: int, max_bytes: int, fins: "_Fins | None",
                  finished: dict[str, object], tried: set[str]) -> dict[str, dict]:
-        if self._fleet is not None or not self.options.fail_on_data_loss:
-            self._connect()
         target = self.target
         # A broker that left the fleet is not reserved from; its leases are still FINed.
         listed = set(self.brokers())
@@ -448,7 +551,8 @@ class LeaseKeeper:
                 if not lease_id:
                     continue
                 leases[str(len(leases))] = {"address": address, "lease": lease_id,
-                                            "count": count, "broker": self.broker_id(address)}
+                                            "count": count, "broker": self.broker_id(address),
+                                            "identity": self._sessions[address].identity}
                 left -= count
                 bytes_left -= size
                 if target is not None:
@@ -476,18 +580,31 @@ class LeaseKeeper:
         by_address: dict[str, list[str]] = {}
         restarted: dict[str, tuple[dict, str]] = {}  # made by an earlier instance
         for lease in leases.values():
-            current = self.broker_id(lease["address"])
+            address = self.where(lease)
+            if address is None:
+                what = self._absent(lease, f"replaying batch {batch}, cannot adopt")
+                if self.options.fail_on_data_loss:
+                    raise BrokerUnreachable(
+                        f"{what}: give its address now in option {self._option} (its "
+                        f"messages are kept there), or set failOnDataLoss=false to replay "
+                        f"without them (they are read later, once it is found)")
+                log.warning("%s; replaying without its %s message(s) (failOnDataLoss=false)",
+                            what, lease.get("count", "?"))
+                gone.add(lease["lease"])
+                continue
+            lease = {**lease, "address": address}
+            current = self.broker_id(address)
             if lease.get("broker") and current is not None and lease["broker"] != current:
-                session = self._sessions.get(lease["address"])
+                session = self._sessions.get(address)
                 if session is None or not session.durable:
                     self._lost_to_restart(batch, lease, current)
                     gone.add(lease["lease"])
                     continue
                 # A durable broker keeps its leases across a restart: adopt it there.
                 restarted[lease["lease"]] = (lease, current)
-            by_address.setdefault(lease["address"], []).append(lease["lease"])
+            by_address.setdefault(address, []).append(lease["lease"])
         adopted = self._each_broker(by_address, lambda s: s.adopt(by_address[s.address]),
-                                    "adopting leases")
+                                    "adopting leases", late=False)
         for address, (count, missing) in adopted.items():
             log.info("replaying batch %d: adopted %d message(s) of %d lease(s) on %s",
                      batch, count, len(by_address[address]), address)
@@ -537,13 +654,29 @@ class LeaseKeeper:
                            if lease["lease"] not in self._finished})
             by_address = self._unfinished
             self._unfinished = {}
-            for leases in groups:
-                for lease in leases.values():
-                    by_address.setdefault(lease["address"], set()).add(lease["lease"])
+            groups.append(self._homeless)
+            self._homeless = {}
             made_by = {**self._unfinished_leases,
                        **{lease["lease"]: lease for leases in groups for lease in leases.values()}}
             self._unfinished_leases = {}
+            for leases in groups:
+                for lease in leases.values():
+                    address = self.where(lease)
+                    if address is None:
+                        # Never dropped: its messages would be read again.
+                        self._keep_homeless(lease)
+                        continue
+                    by_address.setdefault(address, set()).add(lease["lease"])
         return _Fins(by_address, made_by)
+
+    def _keep_homeless(self, lease: dict) -> None:
+        self._homeless[lease["lease"]] = lease
+        who = lease.get("identity") or lease["address"]
+        if who not in self._told_homeless:
+            self._told_homeless.add(who)
+            log.warning("%s; its FIN is kept and sent once that broker is found (until then "
+                        "it holds its messages, or they wait in its channel)",
+                        self._absent(lease, "cannot FIN"))
 
     def _send_fins(self, fins: "_Fins", addresses: Iterable[str]) -> dict[str, object]:
         # A FIN that does not get through loses nothing: it is kept and sent with the next

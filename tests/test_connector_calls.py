@@ -79,11 +79,11 @@ def test_a_replay_fins_the_batch_before_it_and_reads_what_the_failed_run_planned
     first = failed.latestOffset(failed.initialOffset(), ReadMaxRows(4))
     # The failed driver planned batch 2, and died before batch 1's FIN got through.
     second = {"batch": 2, "leases": failed.keeper.reserve(2, 4, 1 << 20)}
-    failed._keeper.close()                                   # gone, not stopped
-    failed._keeper = None
-    # An offset written by an earlier version names no broker instance.
+    failed.keeper.close()                                   # gone, not stopped
+    failed._keepers = None
+    # An offset written by an earlier version names no broker instance, nor identity.
     for lease in second["leases"].values():
-        del lease["broker"]
+        del lease["broker"], lease["identity"]
     replay = reader_of(broker.address, numPartitions="2", failOnDataLoss="false")
     try:
         parts = replay.partitions(first, second)
@@ -92,7 +92,7 @@ def test_a_replay_fins_the_batch_before_it_and_reads_what_the_failed_run_planned
         lease = second["leases"]["0"]
         security = replay.options.security
         assert parts == [LeaseSlice(broker.address, lease["lease"], p, 2, "events", "spark",
-                                    5.0, "", False, security) for p in range(2)]
+                                    5.0, "", False, security, 30.0) for p in range(2)]
         assert ids_read(parts) == sorted(ids[4:8])
     finally:
         replay.stop()
@@ -105,7 +105,8 @@ def test_a_replayed_lease_of_a_memory_only_broker_since_restarted_is_data_loss(b
     start = failed.initialOffset()
     first = failed.latestOffset(start, ReadMaxRows(4))
     failed.stop()
-    first["leases"]["0"]["broker"] = "an-earlier-instance"   # the broker restarted since
+    # The broker restarted since: a memory-only broker's instance and identity both change.
+    first["leases"]["0"].update(broker="an-earlier-instance", identity="n1-an-earlier-one")
     replay = reader_of(broker.address)
     try:
         with pytest.raises(DataLoss, match=r"batch 1 planned to read 4 message\(s\) of lease "
@@ -125,8 +126,8 @@ def test_a_replayed_lease_of_a_durable_broker_since_restarted_is_adopted_there(t
         failed = reader_of(broker.address, numPartitions="1")
         start = failed.initialOffset()
         first = failed.latestOffset(start, ReadMaxRows(4))
-        failed._keeper.close()                               # gone, not stopped
-        failed._keeper = None
+        failed.keeper.close()                               # gone, not stopped
+        failed._keepers = None
         first["leases"]["0"]["broker"] = "an-earlier-instance"  # it kept its leases
         replay = reader_of(broker.address, numPartitions="1")
         try:
@@ -547,8 +548,8 @@ def test_a_replayed_lease_a_restarted_durable_broker_forgot_is_logged_as_back_in
         failed = reader_of(broker.address, numPartitions="1")
         start = failed.initialOffset()
         first = failed.latestOffset(start, ReadMaxRows(4))
-        failed._keeper.close()                                # gone, not stopped
-        failed._keeper = None
+        failed.keeper.close()                                # gone, not stopped
+        failed._keepers = None
     finally:
         broker.stop()
     forget_leases(tmp_path)
@@ -579,8 +580,8 @@ def test_a_replay_whose_broker_stopped_answering_logs_the_adopt_that_failed(capl
         failed = reader_of(address)
         start = failed.initialOffset()
         first = failed.latestOffset(start, ReadMaxRows(4))
-        failed._keeper.close()                                # gone, not stopped
-        failed._keeper = None
+        failed.keeper.close()                                # gone, not stopped
+        failed._keepers = None
         replay = reader_of(address, failOnDataLoss="false", reconnectTimeoutMs="0",
                            timeoutMs="1000")
         replay.keeper                                         # connected, then it stops

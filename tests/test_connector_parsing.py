@@ -71,10 +71,27 @@ def test_the_highest_port_is_a_port():
     ("channel", "", "option channel is required"),
     ("tlsCertFile", "me.pem", "tlsCertFile and tlsKeyFile go together"),
     ("colour", "red", r"unknown option\(s\) for the pynsq source: colour \(known: "),
+    ("adress", "h:1", r"unknown option\(s\) for the pynsq source: adress \(did you mean address\?\)$"),
+    ("maxOffsetPerTrigger", "5", r"maxoffsetpertrigger \(did you mean maxOffsetsPerTrigger\?\)$"),
+    ("maxTriggerDelay", "soon", "option maxTriggerDelay: expected a duration such as 15m"),
+    ("minOffsetsPerTrigger", "-1", "option minOffsetsPerTrigger: must be at least 0"),
 ])
 def test_a_bad_source_option_is_refused_naming_it(name, value, message):
     with pytest.raises(OptionError, match=message):
         parse(**{name: value})
+
+
+def test_kafkas_option_names_mean_what_they_mean_there():
+    o = parse(maxOffsetsPerTrigger="7", minOffsetsPerTrigger="3", maxTriggerDelay="30s")
+    assert (o.max_messages_per_trigger, o.min_messages_per_trigger,
+            o.max_trigger_delay_ms) == (7, 3, 30_000)
+    assert parse().max_trigger_delay_ms == 15 * 60_000            # Kafka's default, 15m
+    assert parse(maxTriggerDelay="250ms").max_trigger_delay_ms == 250
+    assert parse(maxTriggerDelay="2h").max_trigger_delay_ms == 7_200_000
+    assert parse(maxOffsetsPerTrigger="7", maxMessagesPerTrigger="7").max_messages_per_trigger == 7
+    with pytest.raises(OptionError, match="maxOffsetsPerTrigger and maxMessagesPerTrigger are "
+                                          "the same option, given two values"):
+        parse(maxOffsetsPerTrigger="7", maxMessagesPerTrigger="8")
 
 
 def test_the_smallest_allowed_values_are_accepted():

@@ -139,7 +139,7 @@ def test_the_readers_offsets_name_each_batchs_leases_and_a_commit_fins_them(brok
         start = reader.initialOffset()
         assert start == {"batch": 0, "leases": {}}
         assert reader.getDefaultReadLimit().max_rows == 10
-        assert reader.reportLatestOffset() == {"depth": 25}
+        assert reader.reportLatestOffset()["depth"] == 25
         first = reader.latestOffset(start, ReadMaxRows(20))
         assert (first["batch"], [lease["count"] for lease in first["leases"].values()]) == (1, [20])
         assert reader.latestOffset(start, ReadMaxRows(20)) == first   # planned: the same
@@ -210,16 +210,16 @@ def test_a_trigger_reports_the_depth_its_reserve_left_without_a_stats_call(broke
         start = reader.initialOffset()
         stats_calls = calls_of(reader, broker.address, "stats")
         first = reader.latestOffset(start, ReadMaxRows(10))
-        assert reader.reportLatestOffset() == {"depth": 15}
+        assert reader.reportLatestOffset()["depth"] == 15
         assert stats_calls == []
         # A trigger that plans nothing new (the batch was reserved already) asks the
         # broker: what was published since counts.
         client.multi_publish("events", [b"m"] * 5)
         assert reader.latestOffset(start, ReadMaxRows(10)) == first
-        assert reader.reportLatestOffset() == {"depth": 20}
+        assert reader.reportLatestOffset()["depth"] == 20
         assert len(stats_calls) == 1
         reader.latestOffset(first, ReadMaxRows(30))
-        assert reader.reportLatestOffset() == {"depth": 0}
+        assert reader.reportLatestOffset()["depth"] == 0
         assert len(stats_calls) == 1
     finally:
         reader.stop()
@@ -266,7 +266,7 @@ def test_the_depth_of_a_broker_the_trigger_did_not_reserve_from_is_asked_for(two
         stats_a, stats_b = calls_of(reader, a, "stats"), calls_of(reader, b, "stats")
         first = reader.latestOffset(start, ReadMaxRows(30))
         assert per_broker(first["leases"]) == {a: 30}
-        assert reader.reportLatestOffset() == {"depth": 70 + 7}
+        assert reader.reportLatestOffset()["depth"] == 70 + 7
         assert (len(stats_a), len(stats_b)) == (0, 1)
     finally:
         reader.stop()

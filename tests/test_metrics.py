@@ -52,11 +52,13 @@ def test_metrics_count_what_happened_per_topic_and_channel(broker, client):
         assert m["pynsq_channel_messages_total"][spark] == 10
         in_flight = m["pynsq_channel_in_flight"][spark]
         assert m["pynsq_channel_depth"][spark] + in_flight == 8  # 10 - 2 FINed
+        assert m["pynsq_channel_lag"][spark] == 8  # what a consumer has left, as Kafka's lag
         assert m["pynsq_channel_e2e_processing_latency_seconds_count"][spark] == 2
         assert m["pynsq_channel_e2e_processing_latency_seconds_bucket"][
             _ch("events", "spark", le="+Inf")] == 2
     idle = _ch("events", "idle")
     assert m["pynsq_channel_depth"][idle] == 10
+    assert m["pynsq_channel_lag"][idle] == 10
     assert m["pynsq_channel_clients"][idle] == 0
     assert m["pynsq_topic_messages_total"][(("topic", "events"),)] == 10
     assert m["pynsq_topic_message_bytes_total"][(("topic", "events"),)] == 20

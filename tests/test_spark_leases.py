@@ -272,7 +272,8 @@ def test_the_lease_session_is_named_by_client_id_by_default_topic_and_channel(
         keeper.close()
 
 
-def test_an_offset_names_each_lease_with_its_address_count_and_broker_instance(broker, client):
+def test_an_offset_names_each_lease_with_its_address_count_broker_instance_and_identity(
+        broker, client):
     publish(client, "events", 7)
     keeper = LeaseKeeper(keeper_options(broker.address))
     try:
@@ -280,7 +281,8 @@ def test_an_offset_names_each_lease_with_its_address_count_and_broker_instance(b
         leases = keeper.reserve(1, 100, 1 << 20)
         session = keeper._sessions[broker.address]
         assert leases == {"0": {"address": broker.address, "lease": leases["0"]["lease"],
-                                "count": 7, "broker": session.broker_id}}
+                                "count": 7, "broker": session.broker_id,
+                                "identity": broker.broker.identity}}
         assert len(session.broker_id) == 16
     finally:
         keeper.close()

@@ -139,10 +139,9 @@ class Query:
 
     def die(self) -> None:
         """The driver is gone: its lease sessions drop, nothing is given back."""
-        keeper = self.reader._keeper
-        if keeper is not None:
+        for keeper in (self.reader._keepers or {}).values():
             keeper.close()
-        self.reader._keeper = None
+        self.reader._keepers = None
 
 
 class PipelineModel(RuleBasedStateMachine):

@@ -156,13 +156,20 @@ def test_processing_time_trigger_picks_up_messages_published_while_running(
     assert recorder.duplicates() == {}
 
 
-def test_progress_reports_the_backlog_as_latest_offset(spark, broker, client, tmp_path):
+def test_progress_reports_the_backlog_per_broker_as_latest_offset(
+        spark, broker, client, tmp_path):
+    import json
+
     publish(client, "events", 600)
     recorder = Recorder()
     query = run_available_now(reader(spark, broker.address, "events",
                                      maxMessagesPerTrigger=200), tmp_path / "ck", recorder)
-    latest = [p["sources"][0]["latestOffset"] for p in query.recentProgress]
-    assert any('"depth"' in (offset or "") for offset in latest)
+    latest = [json.loads(p["sources"][0]["latestOffset"]) for p in query.recentProgress
+              if p["sources"][0]["latestOffset"]]
+    assert latest[0]["source"] == "pynsq topic events channel spark"
+    # The first batch's progress: 200 in flight, 400 waiting, a lag of 600.
+    assert latest[0]["brokers"][broker.address] == {
+        "identity": broker.broker.identity, "depth": 400, "inFlight": 200, "lag": 600}
 
 
 @pytest.mark.parametrize("options, named", [
@@ -201,28 +208,35 @@ class Bodies:
     def __init__(self) -> None:
         self.bodies: Counter = Counter()
         self.partitions: list[set[int]] = []
+        self.topics: set[str] = set()
 
     def __call__(self, df, batch_id: int) -> None:
-        rows = df.select("body", spark_partition_id().alias("p")).collect()
+        rows = df.select("body", "topic", spark_partition_id().alias("p")).collect()
         self.bodies.update(bytes(r.body) for r in rows)
         self.partitions.append({r.p for r in rows})
+        self.topics.update(r.topic for r in rows)
 
 
-def test_several_comma_separated_addresses_are_each_read_by_one_query(
+def test_several_comma_separated_addresses_and_topics_are_each_read_by_one_query(
         spark, broker, client, tmp_path):
     from broker import Client, EmbeddedBroker
 
     with EmbeddedBroker() as other, Client(other.address, timeout=10) as other_client:
+        client.create_channel("audit", "spark")
         client.multi_publish("events", [f"first-{i}" for i in range(100)])
         other_client.multi_publish("events", [f"second-{i}" for i in range(100)])
+        client.multi_publish("audit", [f"third-{i}" for i in range(50)])
         seen = Bodies()
-        run_available_now(reader(spark, f"{broker.address}, {other.address}", "events",
-                                 maxMessagesPerTrigger=80), tmp_path / "ck", seen)
+        run_available_now(reader(spark, f"{broker.address}, {other.address}", "events,audit",
+                                 maxMessagesPerTrigger=200), tmp_path / "ck", seen)
         assert seen.bodies == Counter([f"first-{i}".encode() for i in range(100)]
-                                      + [f"second-{i}".encode() for i in range(100)])
-        for c in (client, other_client):
-            stats = channel_stats(c, "events")
-            assert (stats.depth, stats.in_flight_count, stats.finish_count) == (0, 0, 100)
+                                      + [f"second-{i}".encode() for i in range(100)]
+                                      + [f"third-{i}".encode() for i in range(50)])
+        assert seen.topics == {"events", "audit"}
+        for c, topic, n in ((client, "events", 100), (other_client, "events", 100),
+                            (client, "audit", 50)):
+            stats = channel_stats(c, topic)
+            assert (stats.depth, stats.in_flight_count, stats.finish_count) == (0, 0, n)
 
 
 def test_by_default_a_batch_from_one_broker_is_read_in_two_tasks(spark, broker, client, tmp_path):
@@ -246,7 +260,8 @@ def test_offsets_in_the_checkpoint_are_the_documented_json(spark, broker, client
     lease = offset["leases"]["0"]
     assert offset == {"batch": 1, "leases": {"0": {
         "address": broker.address, "lease": lease["lease"], "count": 7,
-        "broker": broker.broker.instance_id}}}
+        "broker": broker.broker.instance_id, "identity": broker.broker.identity,
+        "topic": "events"}}}
     assert re.fullmatch("[0-9a-f]{24}", lease["lease"])
     source = PynsqStreamReader({"address": broker.address, "topic": "events",
                                 "channel": "spark"})

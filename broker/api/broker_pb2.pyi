@@ -327,7 +327,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("version", "grpc_address", "start_time", "max_msg_size", "max_rdy_count", "msg_timeout_ms", "max_msg_timeout_ms", "max_req_timeout_ms", "durable", "workers", "reserve_finishes")
+    __slots__ = ("version", "grpc_address", "start_time", "max_msg_size", "max_rdy_count", "msg_timeout_ms", "max_msg_timeout_ms", "max_req_timeout_ms", "durable", "workers", "reserve_finishes", "identity", "node_id")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -339,6 +339,8 @@ class InfoResponse(_message.Message):
     DURABLE_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     RESERVE_FINISHES_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
     version: str
     grpc_address: str
     start_time: int
@@ -350,7 +352,9 @@ class InfoResponse(_message.Message):
     durable: bool
     workers: _containers.RepeatedScalarFieldContainer[str]
     reserve_finishes: bool
-    def __init__(self, version: _Optional[str] = ..., grpc_address: _Optional[str] = ..., start_time: _Optional[int] = ..., max_msg_size: _Optional[int] = ..., max_rdy_count: _Optional[int] = ..., msg_timeout_ms: _Optional[int] = ..., max_msg_timeout_ms: _Optional[int] = ..., max_req_timeout_ms: _Optional[int] = ..., durable: _Optional[bool] = ..., workers: _Optional[_Iterable[str]] = ..., reserve_finishes: _Optional[bool] = ...) -> None: ...
+    identity: str
+    node_id: int
+    def __init__(self, version: _Optional[str] = ..., grpc_address: _Optional[str] = ..., start_time: _Optional[int] = ..., max_msg_size: _Optional[int] = ..., max_rdy_count: _Optional[int] = ..., msg_timeout_ms: _Optional[int] = ..., max_msg_timeout_ms: _Optional[int] = ..., max_req_timeout_ms: _Optional[int] = ..., durable: _Optional[bool] = ..., workers: _Optional[_Iterable[str]] = ..., reserve_finishes: _Optional[bool] = ..., identity: _Optional[str] = ..., node_id: _Optional[int] = ...) -> None: ...
 
 class LeaseSessionRequest(_message.Message):
     __slots__ = ("client_id", "session_id", "grace_ms")
