@@ -1,4 +1,6 @@
-"""The source and the sink used from a Spark Connect client.
+"""The source and the writers used from a Spark Connect client: the native sink, a
+batch write, and ``pub_to_topic`` in ``foreachBatch`` handed every DataFrame shape
+through a failed batch's replay (``drivers/writer_shapes.py``).
 
 The client runs in its own process (the suite's classic Spark session lives in
 this one); ``SparkSession.builder.remote("local[2]")`` starts a local Spark
@@ -11,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -42,11 +43,9 @@ def connect_run(tmp_path_factory):
                     "and zstandard (the test extra)")
     tmp_path = tmp_path_factory.mktemp("connect")
     with EmbeddedBroker() as broker, Client(broker.address, timeout=10) as client:
-        for topic, channel in (("connect-out", "check"), ("connect-out-fb", "check"),
-                               ("connect-out-unnamed", "check"),
+        for topic, channel in (("connect-out", "check"), ("connect-out-unnamed", "check"),
                                *((f"shape-{name}", "check") for name in SHAPES),
-                               *(("connect-in", c) for c in ("connect", "connect-fb", "shapes",
-                                                             "unnamed"))):
+                               ("connect-in", "connect"), ("connect-in", "shapes")):
             client.admin("channel", "create", topic, channel)
         sent = publish(client, "connect-in", N)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -72,9 +71,6 @@ def test_source_and_both_writers_work_from_a_spark_connect_client(connect_run):
     # the sink wrote each one once, and the batch writer its two rows
     expected = sorted([f"MSG-{i}" for i in range(len(sent))] + ["static-1", "static-2"])
     assert sorted(b.decode() for b in drain(client, "connect-out").elements()) == expected
-    # pub_to_topic in foreachBatch wrote each one once too
-    assert drain(client, "connect-out-fb") == Counter(f"msg-{i}".encode()
-                                                      for i in range(len(sent)))
 
 
 def test_under_connect_pub_to_topic_replays_every_dataframe_shape_exactly_once(connect_run):

@@ -64,15 +64,25 @@ def expected_bodies(shape: str, n: int) -> Counter:
     return Counter(b.encode() for b in bodies)
 
 
-def shapes_relay(address: str, flag: str):
+def shapes_relay(address: str, flag: str, unnamed: tuple[str, str] | None = None):
     """A foreachBatch function publishing every shape of its batch, failing once after
-    batch ``FAIL_BATCH`` published them all."""
+    batch ``FAIL_BATCH`` published them all. ``unnamed`` (topic, file): batch 0 also
+    calls ``pub_to_topic`` to that topic without ``producer`` and writes what it raised
+    to the file (under Connect, a query of its own would cost another worker start)."""
     from spark_connector import pub_to_topic
 
     writers = {name: pub_to_topic(address, f"shape-{name}", producer=f"shapes-{name}",
                                   batch_size=4) for name in SHAPES}
 
     def relay(df, batch_id: int) -> None:
+        if unnamed and batch_id == 0:
+            try:
+                pub_to_topic(address, unnamed[0])(df, batch_id)
+                said = ""
+            except Exception as e:
+                said = str(e)
+            with open(unnamed[1], "w") as f:
+                f.write(said)
         for name, shape in SHAPES.items():
             out = shape(df)
             writers[name](out, batch_id)
@@ -85,14 +95,15 @@ def shapes_relay(address: str, flag: str):
     return relay
 
 
-def run_shapes(spark, address: str, topic: str, checkpoint: str, flag: str) -> str:
+def run_shapes(spark, address: str, topic: str, checkpoint: str, flag: str,
+               unnamed: tuple[str, str] | None = None) -> str:
     """Relay ``topic`` (channel ``shapes``) through every shape, availableNow, twice from
     one checkpoint; returns the first run's error (the injected failure)."""
     def start():
         return (spark.readStream.format("pynsq").option("address", address)
                 .option("topic", topic).option("channel", "shapes")
                 .option("maxMessagesPerTrigger", PER_TRIGGER).load()
-                .writeStream.foreachBatch(shapes_relay(address, flag))
+                .writeStream.foreachBatch(shapes_relay(address, flag, unnamed))
                 .option("checkpointLocation", checkpoint)
                 .trigger(availableNow=True).start())
 
