@@ -7,11 +7,9 @@ publishes for the source bodies ``msg-0`` ... ``msg-<n-1>``. ``run_shapes`` rela
 pynsq topic through every shape at once (topic ``shape-<name>``, writer ``shapes-<name>``,
 MPUBs of 4 rows), the first run failing right after batch 1 published every shape, the
 second restarting from the checkpoint: each shape's topic must then hold each expected
-body once. The Spark Connect driver (``spark_connect_roundtrip.py``), whose
-``foreachBatch`` runs in the server's own Python process (so the failure is remembered in
-a file, not in memory), hands each shape to a writer of its own. The classic test, where
-the batch's identity never depended on the plan, hands the union of every shape (a
-``topic`` column naming its shape) to one writer: one Spark job a batch, not eight.
+body once. Used by the classic test in this process and by the Spark Connect driver
+(``spark_connect_roundtrip.py``), whose ``foreachBatch`` runs in the server's own Python
+process: so the failure is remembered in a file, not in memory.
 """
 
 from __future__ import annotations
@@ -66,18 +64,7 @@ def expected_bodies(shape: str, n: int) -> Counter:
     return Counter(b.encode() for b in bodies)
 
 
-def union_of_shapes(df):
-    """Every shape of ``df``, its bodies as strings, with a ``topic`` column naming it."""
-    parts = [SHAPES[name](df).selectExpr("CAST(body AS STRING) AS body",
-                                         f"'shape-{name}' AS topic") for name in SHAPES]
-    union = parts[0]
-    for part in parts[1:]:
-        union = union.union(part)
-    return union.coalesce(2)  # two tasks, not one per part: coalesce keeps the order
-
-
-def shapes_relay(address: str, flag: str, unnamed: tuple[str, str] | None = None,
-                 one_writer: bool = False):
+def shapes_relay(address: str, flag: str, unnamed: tuple[str, str] | None = None):
     """A foreachBatch function publishing every shape of its batch, failing once after
     batch ``FAIL_BATCH`` published them all. ``unnamed`` (topic, file): batch 0 also
     calls ``pub_to_topic`` to that topic without ``producer`` and writes what it raised
@@ -86,8 +73,6 @@ def shapes_relay(address: str, flag: str, unnamed: tuple[str, str] | None = None
 
     writers = {name: pub_to_topic(address, f"shape-{name}", producer=f"shapes-{name}",
                                   batch_size=4) for name in SHAPES}
-    every_shape = pub_to_topic(address, "shape-given", topic_column="topic",
-                               producer="shapes", batch_size=4)
 
     def relay(df, batch_id: int) -> None:
         if unnamed and batch_id == 0:
@@ -98,9 +83,7 @@ def shapes_relay(address: str, flag: str, unnamed: tuple[str, str] | None = None
                 said = str(e)
             with open(unnamed[1], "w") as f:
                 f.write(said)
-        if one_writer:
-            every_shape(union_of_shapes(df), batch_id)
-        for name, shape in () if one_writer else SHAPES.items():
+        for name, shape in SHAPES.items():
             out = shape(df)
             writers[name](out, batch_id)
             if name == "cached":
@@ -113,14 +96,14 @@ def shapes_relay(address: str, flag: str, unnamed: tuple[str, str] | None = None
 
 
 def run_shapes(spark, address: str, topic: str, checkpoint: str, flag: str,
-               unnamed: tuple[str, str] | None = None, one_writer: bool = False) -> str:
+               unnamed: tuple[str, str] | None = None) -> str:
     """Relay ``topic`` (channel ``shapes``) through every shape, availableNow, twice from
     one checkpoint; returns the first run's error (the injected failure)."""
     def start():
         return (spark.readStream.format("pynsq").option("address", address)
                 .option("topic", topic).option("channel", "shapes")
                 .option("maxMessagesPerTrigger", PER_TRIGGER).load()
-                .writeStream.foreachBatch(shapes_relay(address, flag, unnamed, one_writer))
+                .writeStream.foreachBatch(shapes_relay(address, flag, unnamed))
                 .option("checkpointLocation", checkpoint)
                 .trigger(availableNow=True).start())
 
