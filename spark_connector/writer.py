@@ -28,9 +28,12 @@ topic, bodies, defers and ttls) for its de-duplication window (10 minutes). A re
 of the same rows in the same order publishes nothing and gets the first ids; a
 replay whose rows differ (another ``batchSize``, ``numPartitions`` or row order,
 two writers sharing one name, a copied checkpoint) fails the batch with
-``ProducerConflict`` naming the producer: never a silent drop. Two
-``pub_to_topic`` calls to one topic in one ``foreachBatch`` need distinct
-``producer`` names.
+``ProducerConflict`` naming the producer and saying what to change: never a
+silent drop. With ``delivery`` ``at-least-once`` such a replay is published
+again instead (Kafka's sink's promise). Two ``pub_to_topic`` calls to one topic
+in one ``foreachBatch`` need distinct ``producer`` names. Under Spark Connect,
+whose ``foreachBatch`` is told its batch but not its query, ``pub_to_topic``
+needs ``producer``, which stands for the query.
 
 Against ``pynsqd --workers`` each worker keeps its own window, so a partition
 publishes on the worker a CRC-32 of its producer id picks among those the
@@ -39,6 +42,9 @@ broker's Info lists, not on the one the shared port gave its connection.
 
 from __future__ import annotations
 
+import logging
+import sys
+import time
 import uuid
 from bisect import bisect_right
 from dataclasses import dataclass
@@ -48,14 +54,16 @@ from typing import Iterable, Iterator, Mapping
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, IntegralType, StringType, StructType
 
-from broker.client import Client
+from broker.client import BrokerUnavailable, Client
+from broker.dedupe import content_digest
+from broker.errors import ProducerConflict
 from broker.names import is_valid_name
 from broker.workers import worker_addresses, worker_for
 from broker.security.client import SPARK_OPTIONS, ClientSecurity
 
 from .compat import DataSourceStreamArrowWriter
-from .options import (OptionError, _check_unknown, _int, _lower, parse_addresses, require_name,
-                      security_options)
+from .options import (DEFAULT_RECONNECT_TIMEOUT_MS, OptionError, _check_unknown, _int, _lower,
+                      parse_addresses, require_name, security_options)
 
 BODY, TOPIC, DEFER, TTL = "body", "topic", "defer_ms", "ttl_ms"
 DEFAULT_BATCH_SIZE = 500
@@ -63,6 +71,23 @@ DEFAULT_BATCH_SIZE = 500
 # --max-body-size (nsqd's default: 5 MiB), so large rows never make a request the
 # broker refuses. The cut depends only on the rows, so a replay names the same requests.
 MAX_REQUEST_BYTES = 4 << 20
+
+# What a writer promises when Spark replays a batch whose rows differ from its first run's.
+EXACTLY_ONCE, AT_LEAST_ONCE = "exactly-once", "at-least-once"
+DELIVERIES = (EXACTLY_ONCE, AT_LEAST_ONCE)
+# Said with every refused replay: what makes a replay differ, and what to change.
+REPLAY_DIFFERS = (
+    "the writer's input is not the same when Spark replays the batch: a value computed "
+    "inside foreachBatch that changes between runs (current_timestamp(), now(), rand(), "
+    "uuid(), an external lookup), rows in another order (after a shuffle: a join, "
+    "groupBy, repartition), another batchSize or numPartitions, or another writer using "
+    "the same producer name. Compute such values in the streaming query before "
+    "foreachBatch (Spark fixes current_timestamp() there per batch), sort rows within "
+    "partitions after a shuffle, give each writer its own producer name; or accept "
+    "duplicates on replay with delivery='at-least-once' (pub_to_topic) or "
+    ".option('delivery', 'at-least-once') (the sink)")
+
+log = logging.getLogger(__name__)
 
 
 class PublishError(ValueError):
@@ -77,8 +102,11 @@ class WriterOptions:
     security: ClientSecurity = ClientSecurity()  # TLS files, auth secret (never shown)
 
     producer: str = "sink"
+    delivery: str = EXACTLY_ONCE
+    reconnect_timeout_ms: int = DEFAULT_RECONNECT_TIMEOUT_MS
 
-    NAMES = ("address", "topic", "batchSize", "producer", *SPARK_OPTIONS)
+    NAMES = ("address", "topic", "batchSize", "producer", "delivery", "reconnectTimeoutMs",
+             *SPARK_OPTIONS)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], schema: StructType) -> "WriterOptions":
@@ -96,14 +124,24 @@ class WriterOptions:
                       TOPIC if routed else None, TTL if TTL in schema.names else None)
         producer = given.get("producer", "sink")
         check_producer(producer, "option producer")
+        delivery = check_delivery(given.get("delivery", EXACTLY_ONCE), "option delivery")
         return cls(addresses[0], topic, _int(given, "batchSize", DEFAULT_BATCH_SIZE),
-                   security_options(given), producer)
+                   security_options(given), producer, delivery,
+                   _int(given, "reconnectTimeoutMs", DEFAULT_RECONNECT_TIMEOUT_MS, minimum=0))
 
 
 def check_producer(name: str, what: str) -> None:
     if not name or ":" in name:
         raise OptionError(f"{what}: a writer name must be non-empty and have no ':', "
                           f"got {name!r}")
+
+
+def check_delivery(value: str, what: str) -> str:
+    delivery = str(value).strip().lower()
+    if delivery not in DELIVERIES:
+        raise OptionError(f"{what}: {EXACTLY_ONCE!r} (the default) or {AT_LEAST_ONCE!r}, "
+                          f"got {value!r}")
+    return delivery
 
 
 def check_columns(schema: StructType, body: str, defer: str | None, topic: str | None,
@@ -129,10 +167,13 @@ class PartitionPublisher:
 
     def __init__(self, address: str, default_topic: str | None, producer_id: str,
                  batch_size: int, where: str, security: ClientSecurity | None = None,
-                 topic_column: bool = True) -> None:
+                 topic_column: bool = True, delivery: str = EXACTLY_ONCE,
+                 reconnect_timeout_ms: int = DEFAULT_RECONNECT_TIMEOUT_MS) -> None:
         kwargs = security.client_kwargs() if security else {}
+        self.where = where
+        self.reconnect_timeout_ms = reconnect_timeout_ms
         self.client = Client(address, **kwargs)
-        info = self.client.info()
+        info = self._waiting(self.client.info)
         if info.workers:
             # pynsqd --workers: each worker keeps its own de-duplication window, so every
             # attempt of this producer id goes to the worker its id hashes to, not to the
@@ -145,7 +186,7 @@ class PartitionPublisher:
         self.topic_column = topic_column  # whether a ``topic`` column routes rows
         self.producer_id = producer_id
         self.batch_size = batch_size
-        self.where = where
+        self.delivery = delivery
         self.sequence = 0
         self.published = 0
         self.row = 0
@@ -187,11 +228,49 @@ class PartitionPublisher:
         self._pending_bytes.pop(topic, None)
         # Each request's sequence is its position in this partition's output, so a
         # replay of the same rows names the same requests.
-        self.client.multi_publish(topic, bodies, defer_ms=defers if any(defers) else (),
-                                  producer_id=self.producer_id, sequence=self.sequence,
-                                  ttl_ms=ttls if any(ttls) else ())
+        try:
+            self._publish(topic, bodies, defers, ttls, self.producer_id)
+        except ProducerConflict as conflict:
+            if self.delivery != AT_LEAST_ONCE:
+                raise ProducerConflict(f"{self.where}: {conflict}. Here {REPLAY_DIFFERS}") \
+                    from None
+            # At least once: the rows as they are now are published too, keyed by their
+            # content, so a further replay of these same rows publishes nothing again.
+            log.warning("%s: a replay whose rows differ from its first run's is published "
+                        "again (delivery at-least-once)", self.where)
+            digest = content_digest(topic, bodies, defers, ttls).hex()
+            self._publish(topic, bodies, defers, ttls, f"{self.producer_id}~{digest}")
         self.sequence += 1
         self.published += len(bodies)
+
+    def _publish(self, topic: str, bodies: list[bytes], defers: list[int], ttls: list[int],
+                 producer_id: str) -> None:
+        self._waiting(self.client.multi_publish, topic, bodies,
+                      defer_ms=defers if any(defers) else (), producer_id=producer_id,
+                      sequence=self.sequence, ttl_ms=ttls if any(ttls) else ())
+
+    def _waiting(self, call, *args, **kwargs):
+        """``call``, tried again while the broker does not answer, until it has been
+        silent for ``reconnectTimeoutMs`` (the client reconnects within a second of its
+        return), as the driver waits. Safe for an MPUB: it names its producer and
+        sequence, so one that got through before its answer was lost is answered with
+        its first ids, never published twice."""
+        deadline, pause = None, 0.05
+        while True:
+            try:
+                return call(*args, **kwargs)
+            except BrokerUnavailable as err:
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.reconnect_timeout_ms / 1000
+                    log.warning("%s: %s; waiting up to reconnectTimeoutMs (%d ms)", self.where,
+                                err, self.reconnect_timeout_ms)
+                if now >= deadline:
+                    raise BrokerUnavailable(err.status, f"{self.where}: {err}; silent for "
+                                            f"longer than reconnectTimeoutMs "
+                                            f"({self.reconnect_timeout_ms} ms)") from None
+                time.sleep(min(pause, deadline - now))
+                pause = min(pause * 2, 1.0)
 
     def finish(self) -> int:
         """Publish what is pending; returns how many rows were published in all."""
@@ -216,7 +295,6 @@ class PartitionPublisher:
                     else [None] * len(bodies))
             for body, topic, defer, ttl in zip(bodies, topics, defers, ttls):
                 self.add(body, topic, defer, ttl)
-
 
     def _add_plain(self, batch, names: list[str]) -> bool:
         """``add`` each row of ``batch`` at once, when it has bodies only (no routing,
@@ -276,7 +354,9 @@ class PartitionPublisher:
 
 def publish_partition(address: str, topic: str | None, producer: str, batch_size: int,
                       kind: str, batches: Iterable,
-                      security: ClientSecurity | None = None, topic_column: bool = True) -> int:
+                      security: ClientSecurity | None = None, topic_column: bool = True,
+                      delivery: str = EXACTLY_ONCE,
+                      reconnect_timeout_ms: int = DEFAULT_RECONNECT_TIMEOUT_MS) -> int:
     """Publish this task's Arrow batches as producer ``producer:PARTITION``; a ``topic``
     column routes rows only if ``topic_column``."""
     from pyspark import TaskContext
@@ -284,7 +364,8 @@ def publish_partition(address: str, topic: str | None, producer: str, batch_size
     ctx = TaskContext.get()
     partition = ctx.partitionId() if ctx else 0
     publisher = PartitionPublisher(address, topic, f"{producer}:{partition}", batch_size,
-                                   f"{kind} partition {partition}", security, topic_column)
+                                   f"{kind} partition {partition}", security, topic_column,
+                                   delivery, reconnect_timeout_ms)
     try:
         publisher.add_arrow(batches)
         return publisher.finish()
@@ -297,7 +378,8 @@ def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SI
                  topic_column: str | None = None, producer: str | None = None,
                  tls_ca: str | None = None, tls_cert: str | None = None,
                  tls_key: str | None = None, auth_secret: str | None = None,
-                 ttl_column: str | None = None):
+                 ttl_column: str | None = None, delivery: str = EXACTLY_ONCE,
+                 reconnect_timeout_ms: int = DEFAULT_RECONNECT_TIMEOUT_MS):
     """A ``foreachBatch`` function publishing each micro-batch to ``topic``.
 
     ``body_column`` (BINARY or STRING) is required; ``defer_column`` gives a
@@ -309,7 +391,12 @@ def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SI
     for de-duplication (default ``to-<topic>``): give two calls to the same
     topic in one ``foreachBatch`` different names. Under Spark Connect, which
     does not tell a ``foreachBatch`` function its query, ``producer`` stands for
-    the query (see the README). ``tls_ca``, ``tls_cert``, ``tls_key`` and
+    the query and is required. ``delivery``: ``"exactly-once"`` (default) fails a
+    replay whose rows differ from its first run's with ``ProducerConflict`` saying
+    what to change; ``"at-least-once"`` publishes such a replay again (identical
+    replays still publish nothing twice). A broker that does not answer is waited
+    for up to ``reconnect_timeout_ms`` (as the source's ``reconnectTimeoutMs``),
+    then the batch fails naming it. ``tls_ca``, ``tls_cert``, ``tls_key`` and
     ``auth_secret`` are ``broker.Client``'s. Bad arguments raise here, before any
     batch runs.
     """
@@ -320,6 +407,9 @@ def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SI
         raise OptionError(f"batch_size must be at least 1, got {batch_size}")
     writer = producer if producer is not None else f"to-{topic}"
     check_producer(writer, "producer")
+    delivery = check_delivery(delivery, "delivery")
+    if reconnect_timeout_ms < 0:
+        raise OptionError(f"reconnect_timeout_ms must be at least 0, got {reconnect_timeout_ms}")
 
     def publish_batch(df, batch_id: int) -> None:
         check_columns(df.schema, body_column, defer_column, topic_column, ttl_column)
@@ -336,7 +426,9 @@ def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SI
             import pyarrow as pa
 
             published = publish_partition(address, topic, name, batch_size,
-                                          f"batch {batch_id}", batches, security)
+                                          f"batch {batch_id}", batches, security,
+                                          delivery=delivery,
+                                          reconnect_timeout_ms=reconnect_timeout_ms)
             yield pa.RecordBatch.from_pydict({"published": [published]})
 
         df.select(*columns).mapInArrow(publish, "published LONG").groupBy().sum().collect()
@@ -350,22 +442,37 @@ def check_topic(topic: str, what: str) -> None:
                           f"[.a-zA-Z0-9_-], optionally ending in #ephemeral)")
 
 
+# Spark Connect runs a ``foreachBatch`` function in a Python process of its own, started
+# as this module, on the server's side; the ``batch_id`` it passes is Spark's batch id.
+CONNECT_FOREACH_BATCH_WORKER = "pyspark.sql.connect.streaming.worker.foreach_batch_worker"
+
+
+def _in_connect_foreach_batch() -> bool:
+    """Whether this call runs in Spark Connect's ``foreachBatch`` worker, whatever the
+    DataFrame handed to the writer (the batch itself, or any plan built on it)."""
+    main = sys.modules.get("__main__")
+    return getattr(getattr(main, "__spec__", None), "name", None) == CONNECT_FOREACH_BATCH_WORKER
+
+
 def _producer_name(df, writer: str, named: bool, batch_id: int) -> str:
     """The producer id of one ``foreachBatch`` call, before its partition number.
 
-    In a streaming query run by classic Spark: (query id, writer, batch), so a replay
-    of the batch names the same requests. Spark Connect runs ``foreachBatch`` without
-    telling it its query: a ``producer`` given stands for the query (``named:``);
-    without one, and outside any stream, each call is a new producer (only its task
-    retries are de-duplicated).
+    The batch's identity is Spark's: (query, batch). Classic Spark tells the thread
+    running ``foreachBatch`` its query id; Spark Connect does not, so there a
+    ``producer`` given stands for the query (``named:``) and is required, since a
+    replay named anew would publish its batch twice. Outside any stream each call is a
+    new producer (only its task retries are de-duplicated). Which of these holds never
+    depends on the DataFrame's plan: a ``select``, a join or a cache changes nothing.
     """
-    if type(df).__module__.startswith("pyspark.sql.connect"):
-        # Connect hands ``foreachBatch`` the micro-batch as a cached remote relation.
-        from pyspark.sql.connect.plan import CachedRemoteRelation
-
-        if named and isinstance(getattr(df, "_plan", None), CachedRemoteRelation):
-            return f"named:{writer}:{batch_id}"
-    else:
+    if _in_connect_foreach_batch():
+        if not named:
+            raise OptionError(
+                "pub_to_topic under Spark Connect needs producer=: Connect does not tell "
+                "foreachBatch which query runs it, so give this writer a name that stands "
+                "for the query (unique to it, e.g. its checkpoint's name) and its replays "
+                "publish nothing twice")
+        return f"named:{writer}:{batch_id}"
+    if not type(df).__module__.startswith("pyspark.sql.connect"):
         query_id = df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
         if query_id:
             return f"{query_id}:{writer}:{batch_id}"
@@ -390,11 +497,17 @@ class PynsqStreamWriter(DataSourceStreamArrowWriter):
         ctx = TaskContext.get()
         query_id = ctx.getLocalProperty("sql.streaming.queryId")
         batch_id = ctx.getLocalProperty("streaming.sql.batchId")
+        if not query_id or batch_id is None:
+            # Without them every batch would share one producer id: refuse, never guess.
+            raise PublishError("the pynsq sink's task names no streaming query and batch "
+                               "(sql.streaming.queryId, streaming.sql.batchId), so its "
+                               "replays could not be told apart")
         o = self.options
         return _Count(publish_partition(o.address, o.topic,
                                         f"{query_id}:{o.producer}:{batch_id}",
                                         o.batch_size, f"batch {batch_id}", iterator,
-                                        o.security, o.topic is None))
+                                        o.security, o.topic is None, o.delivery,
+                                        o.reconnect_timeout_ms))
 
     def commit(self, messages, batchId: int) -> None:
         pass
@@ -414,4 +527,4 @@ class PynsqBatchWriter(DataSourceArrowWriter):
         o = self.options
         return _Count(publish_partition(o.address, o.topic, f"write-{self.write_id}",
                                         o.batch_size, "write", iterator, o.security,
-                                        o.topic is None))
+                                        o.topic is None, o.delivery, o.reconnect_timeout_ms))

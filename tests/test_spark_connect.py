@@ -1,4 +1,6 @@
-"""The source and the sink used from a Spark Connect client.
+"""The source and the writers used from a Spark Connect client: the native sink, a
+batch write, and ``pub_to_topic`` in ``foreachBatch`` handed every DataFrame shape
+through a failed batch's replay (``drivers/writer_shapes.py``).
 
 The client runs in its own process (the suite's classic Spark session lives in
 this one); ``SparkSession.builder.remote("local[2]")`` starts a local Spark
@@ -15,12 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from broker import Client
+from broker import Client, EmbeddedBroker
 
-from .helpers import wait_for
+from .drivers.writer_shapes import SHAPES, expected_bodies
 from .spark_helpers import channel_stats, publish
+from .test_spark_writers import drain
 
 DRIVER = Path(__file__).parent / "drivers" / "spark_connect_roundtrip.py"
+N = 20  # two batches of writer_shapes.PER_TRIGGER: batch 1 fails and is replayed
 CONNECT_MODULES = ("grpc_status", "google.rpc", "zstandard")
 
 
@@ -30,42 +34,61 @@ def _missing_connect_modules() -> list[str]:
     return [m for m in CONNECT_MODULES if importlib.util.find_spec(m.split(".")[0]) is None]
 
 
-@pytest.mark.skipif(bool(_missing_connect_modules()),
-                    reason="Spark Connect's client needs grpcio-status, "
-                           "googleapis-common-protos and zstandard (the test extra)")
-def test_source_and_both_writers_work_from_a_spark_connect_client(broker, client: Client,
-                                                                 tmp_path):
-    for topic, channel in (("connect-out", "check"), ("connect-out-fb", "check"),
-                           ("connect-in", "connect"), ("connect-in", "connect-fb")):
-        client.admin("channel", "create", topic, channel)
-    sent = publish(client, "connect-in", 40)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH")]))}
-    run = subprocess.run([sys.executable, str(DRIVER), broker.address, "connect-in",
-                          "connect-out", str(tmp_path / "checkpoint")],
-                         capture_output=True, timeout=600, env=env)
-    assert run.returncode == 0, run.stderr.decode(errors="replace")[-4000:]
-    assert json.loads(run.stdout.decode().strip().splitlines()[-1]) == {"connect": True}
+@pytest.fixture(scope="module")
+def connect_run(tmp_path_factory):
+    """One Spark Connect client run (a server start is most of its cost) against one
+    broker; the tests below each check one part of what it did."""
+    if _missing_connect_modules():
+        pytest.skip("Spark Connect's client needs grpcio-status, googleapis-common-protos "
+                    "and zstandard (the test extra)")
+    tmp_path = tmp_path_factory.mktemp("connect")
+    with EmbeddedBroker() as broker, Client(broker.address, timeout=10) as client:
+        for topic, channel in (("connect-out", "check"), ("connect-out-unnamed", "check"),
+                               *((f"shape-{name}", "check") for name in SHAPES),
+                               ("connect-in", "connect"), ("connect-in", "shapes")):
+            client.admin("channel", "create", topic, channel)
+        sent = publish(client, "connect-in", N)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH")]))}
+        run = subprocess.run([sys.executable, str(DRIVER), broker.address, "connect-in",
+                              "connect-out", str(tmp_path / "checkpoint")],
+                             capture_output=True, timeout=900, env=env)
+        assert run.returncode == 0, run.stderr.decode(errors="replace")[-4000:]
+        yield client, sent, json.loads(run.stdout.decode().strip().splitlines()[-1])
+
+
+# The fixture's one Connect run is charged to the first test that asks for it.
+pytestmark = pytest.mark.timeout(900)
+
+
+def test_source_and_both_writers_work_from_a_spark_connect_client(connect_run):
+    client, sent, result = connect_run
+    assert result["connect"] is True
 
     # every message read and FINed once Spark committed
     stats = channel_stats(client, "connect-in", "connect")
     assert (stats.depth, stats.in_flight_count, stats.finish_count) == (0, 0, len(sent))
     # the sink wrote each one once, and the batch writer its two rows
     expected = sorted([f"MSG-{i}" for i in range(len(sent))] + ["static-1", "static-2"])
-    got = []
-    with client.subscribe("connect-out", "check", rdy=100) as sub:
-        def read_all() -> bool:
-            msg = sub.get(timeout=1)
-            if msg is not None:
-                got.append(msg.body.decode())
-                sub.fin(msg.id)
-            return len(got) >= len(expected)
+    assert sorted(b.decode() for b in drain(client, "connect-out").elements()) == expected
 
-        wait_for(read_all, 60, interval=0, message="the sink's messages")
-    assert sorted(got) == expected
-    # pub_to_topic in foreachBatch wrote each one once too
-    fb = channel_stats(client, "connect-out-fb", "check")
-    assert fb.depth == len(sent)
-    with client.subscribe("connect-out-fb", "check", rdy=100) as sub:
-        bodies = [sub.get(timeout=10).body.decode() for _ in range(len(sent))]
-    assert sorted(bodies) == sorted(f"msg-{i}" for i in range(len(sent)))
+
+def test_under_connect_pub_to_topic_replays_every_dataframe_shape_exactly_once(connect_run):
+    """select, selectExpr, withColumn, filter, union, a join, a cache: batch 1 published
+    each, failed, and was replayed from the checkpoint; each shape's topic holds every
+    expected body once (published = distinct, no duplicate, none lost)."""
+    client, sent, result = connect_run
+    assert "injected failure after batch 1 published every shape" in result["shapes_error"]
+    stats = channel_stats(client, "connect-in", "shapes")
+    assert (stats.depth, stats.in_flight_count) == (0, 0)
+    for name in SHAPES:
+        got, want = drain(client, f"shape-{name}"), expected_bodies(name, len(sent))
+        print(f"connect {name}: published {sum(got.values())}, distinct {len(got)}, "
+              f"duplicates {sum(got.values()) - len(got)}, lost {len(set(want) - set(got))}")
+        assert got == want, name
+
+
+def test_under_connect_pub_to_topic_without_a_producer_fails_saying_to_name_one(connect_run):
+    client, _, result = connect_run
+    assert "pub_to_topic under Spark Connect needs producer=" in result["unnamed_error"]
+    assert channel_stats(client, "connect-out-unnamed", "check").depth == 0
