@@ -50,7 +50,10 @@ class Supervisor:
     def wait_ready(self) -> "Supervisor":
         def ready() -> bool:
             assert self.proc.poll() is None, "".join(self.log)
-            return any(f"{self.count} workers behind" in line for line in self.log)
+            # The supervisor says "N workers behind", then a line per worker with its pid.
+            named = {m.group(1) for line in self.log if (m := WORKER_LINE.search(line))}
+            return (any(f"{self.count} workers behind" in line for line in self.log)
+                    and len(named) >= self.count)
 
         wait_for(ready, 60, interval=0.05, message="the workers to serve")
         return self
