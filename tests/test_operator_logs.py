@@ -1,14 +1,16 @@
 """What an operator reads: pynsqd's first log line says what runs (version, config file,
 storage mode); an error at start is the broker's own line, naming the flag at fault,
 with no third-party line before it; `pynsqd --help` is grouped as an operator looks for
-things; `pynsq` describes its positionals."""
+things; `pynsq` describes its positionals; a restart says it restores what it had."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
 
-from broker import __version__
+from broker import Broker, Client, Options, __version__
+from broker.clock import ManualClock
+from broker.storage import DiskStore
 from broker.cli import build_parser as cli_parser
 from broker.daemon import HELP_GROUPS, IGNORED_GROUP, build_parser
 
@@ -98,3 +100,43 @@ def test_pub_help_describes_its_positionals(capsys):
         helps = {a.dest: a.help for a in sub[command]._actions if not a.option_strings}
         for name in positionals:
             assert helps[name], f"pynsq {command}: {name} has no help"
+
+
+def test_a_restart_logs_its_topics_and_channels_as_restored_not_created(tmp_path):
+    data = str(tmp_path / "data")
+    first = Daemon("--data-path", data).wait_ready()
+    client = Client(first.address)
+    try:
+        client.create_channel("events", "spark")
+        client.publish("events", b"hello")
+    finally:
+        client.close()
+    assert first.stop() == 0
+    assert "TOPIC(events): created" in first.output()
+
+    again = Daemon("--data-path", data).wait_ready()
+    assert again.stop() == 0
+    lines = again.output().splitlines()
+    assert any(line.endswith("TOPIC(events): restored") for line in lines), lines
+    assert any(line.endswith("CHANNEL(events/spark): restored") for line in lines), lines
+    assert not any(": created" in line for line in lines), lines
+
+
+def test_a_restored_topic_and_channel_are_still_announced_to_listeners_as_made(tmp_path):
+    """What nsqlookupd hears at a restart is what it heard before: topics and channels
+    made (it registers them); only the log says they were restored."""
+    def start() -> Broker:
+        opts = Options(data_path=str(tmp_path / "data"))
+        broker = Broker(opts, clock=ManualClock())
+        broker.storage = DiskStore(broker, opts)
+        broker.listeners.append(lambda event, topic, channel: heard.append((event, topic, channel)))
+        broker.storage.recover()
+        return broker
+
+    heard: list = []
+    broker = start()
+    broker.create_channel("events", "spark")
+    broker.storage.close()
+    heard.clear()
+    start().storage.close()
+    assert heard == [("topic_created", "events", None), ("channel_created", "events", "spark")]

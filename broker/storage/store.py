@@ -893,7 +893,7 @@ class DiskStore(Store):
         ``--mem-queue-size``, so a replay takes back every one."""
         started = time.monotonic()
         self._leased = leased or {}
-        self._restoring = True
+        self._restoring = self.broker.restoring = True
         restored = 0
         topics_dir = self.path / "topics"
         names = sorted(self.files.listdir(str(topics_dir)))
@@ -913,7 +913,7 @@ class DiskStore(Store):
                 restored += self._restore(replay, topic_log)
                 logs.append(topic_log)
         finally:
-            self._restoring = False
+            self._restoring = self.broker.restoring = False
         opened: list[TopicLog] = []
         self._found = [str(topic_log.path(seg)) for topic_log in logs for seg in topic_log.sizes]
         topic_log = None
