@@ -5,16 +5,19 @@ things; `pynsq` describes its positionals; a restart says it restores what it ha
 
 from __future__ import annotations
 
+import json
+import logging
 import socket
+import struct
 import subprocess
 
-from broker import Broker, Client, Options, __version__
+from broker import Broker, Client, EmbeddedBroker, Options, __version__
 from broker.clock import ManualClock
 from broker.storage import DiskStore
 from broker.cli import build_parser as cli_parser
 from broker.daemon import HELP_GROUPS, IGNORED_GROUP, build_parser
 
-from .helpers import Daemon, bin_path
+from .helpers import Daemon, bin_path, wait_for
 
 PREFIX = "[pynsqd] "
 
@@ -140,3 +143,27 @@ def test_a_restored_topic_and_channel_are_still_announced_to_listeners_as_made(t
     heard.clear()
     start().storage.close()
     assert heard == [("topic_created", "events", None), ("channel_created", "events", "spark")]
+
+
+def test_a_tcp_client_is_named_by_its_address_in_every_line_and_its_client_id_said_once(caplog):
+    """An operator follows one client through the log by one name: the address it
+    connected from, from `new client` to `gone`; IDENTIFY's client_id is said once, on
+    the line that says it identified."""
+    caplog.set_level(logging.INFO, logger="pynsqd")
+    body = json.dumps({"client_id": "worker-7", "hostname": "box-7"}).encode()
+    with EmbeddedBroker() as broker:
+        host, port = broker.tcp_address.rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as sock:
+            name = "%s:%d" % sock.getsockname()
+            sock.sendall(b"  V2IDENTIFY\n" + struct.pack(">i", len(body)) + body)
+            assert sock.recv(64).endswith(b"OK")
+            sock.sendall(b"SUB events nsq\n")
+            assert sock.recv(64).endswith(b"OK")
+        wait_for(lambda: any("gone" in r.getMessage() for r in caplog.records), 10)
+    about = [r.getMessage() for r in caplog.records
+             if name in r.getMessage() or "worker-7" in r.getMessage()]
+    assert all(name in line for line in about), about
+    assert [line for line in about if line.startswith("TCP:")] == [
+        f"TCP: new client({name})",
+        f"TCP: client({name}): identified as client_id worker-7",
+        f"TCP: client({name}) gone"], about
