@@ -31,7 +31,9 @@ import importlib.util
 import json
 import os
 import re
+import socket
 import statistics
+import struct
 import subprocess
 import tempfile
 from pathlib import Path
@@ -90,17 +92,82 @@ def bench(tool: Path, tcp_port: int, runfor: str, topic: str, pid: int) -> tuple
     return rate, cpu / (rate * seconds(took[-1])) * 1e6 if rate else 0.0
 
 
-def write_then_read(folder: Path, tcp_port: int, runfor: str, pid: int) -> dict:
+# The shapes each broker setup is run in (a fresh broker for each):
+#   no channel: NSQ's bench.sh (the topic has no channel while bench_writer writes, then
+#       bench_reader reads);
+#   channel first: the topic and bench_reader's channel created before the write (as when
+#       consumers exist), then bench_writer, then bench_reader;
+#   together: the channel created, then bench_writer and bench_reader run at once for
+#       ``--runfor`` (a live pipeline), each rate reported.
+SHAPES = ("no_channel", "channel_first", "together")
+CHANNEL = "ch"   # bench_reader's default channel
+
+
+def create_channel(tcp_port: int, topic: str, channel: str = CHANNEL) -> None:
+    """Create ``topic`` and its ``channel`` as a consumer would: SUB, then leave (both stay,
+    in nsqd and pynsqd alike)."""
+    with socket.create_connection(("127.0.0.1", tcp_port), timeout=30) as s:
+        s.sendall(b"  V2" + b"SUB %s %s\n" % (topic.encode(), channel.encode()))
+        reply = b""
+        while len(reply) < 4 or len(reply) < 4 + struct.unpack(">i", reply[:4])[0]:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+        if b"OK" not in reply:
+            raise RuntimeError(f"SUB {topic} {channel} was refused: {reply!r}")
+
+
+def write_and_read_together(folder: Path, tcp_port: int, runfor: str, pid: int) -> dict:
+    """bench_writer and bench_reader at once for ``runfor`` on a topic whose channel exists;
+    each tool's rate, and the broker's CPU per message written (each is read about once)."""
     topic = f"sub_bench_{tcp_port}"
+    create_channel(tcp_port, topic)
+    cpu0 = cpu_seconds(pid)
+    procs = {tool: subprocess.Popen(
+        [str(folder / tool), "--nsqd-tcp-address", f"127.0.0.1:{tcp_port}", "--runfor", runfor,
+         "--size", str(SIZE), "--topic", topic,
+         *(["--batch-size", str(BATCH)] if tool == "bench_writer" else [])],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for tool in ("bench_writer", "bench_reader")}
+    out = {tool: p.communicate(timeout=600)[0] for tool, p in procs.items()}
+    cpu = cpu_seconds(pid) - cpu0
+    rates, counts = {}, {}
+    for tool, text in out.items():
+        found, took = OPS.findall(text), DURATION.findall(text)
+        if procs[tool].returncode or not found or not took:
+            raise RuntimeError(f"{tool} printed no rate: {text}")
+        rates[tool] = float(found[-1])
+        counts[tool] = rates[tool] * seconds(took[-1])
+    moved = max(counts["bench_writer"], counts["bench_reader"])
+    cpu_us = round(cpu / moved * 1e6, 2) if moved else 0.0
+    return {"write_msgs_per_s": round(rates["bench_writer"]),
+            "read_msgs_per_s": round(rates["bench_reader"]),
+            "write_cpu_us_per_msg": cpu_us, "read_cpu_us_per_msg": cpu_us}
+
+
+def exercise(folder: Path, tcp_port: int, runfor: str, pid: int, shape: str) -> dict:
+    """One of ``SHAPES`` against the broker listening on ``tcp_port`` (process ``pid``)."""
+    if shape == "together":
+        return write_and_read_together(folder, tcp_port, runfor, pid)
+    return write_then_read(folder, tcp_port, runfor, pid, channel_first=shape == "channel_first")
+
+
+def write_then_read(folder: Path, tcp_port: int, runfor: str, pid: int,
+                    channel_first: bool = False) -> dict:
+    topic = f"sub_bench_{tcp_port}"
+    if channel_first:
+        create_channel(tcp_port, topic)
     write, write_cpu = bench(folder / "bench_writer", tcp_port, runfor, topic, pid)
     read, read_cpu = bench(folder / "bench_reader", tcp_port, halved(runfor), topic, pid)
     return {"write_msgs_per_s": round(write), "read_msgs_per_s": round(read),
             "write_cpu_us_per_msg": round(write_cpu, 2), "read_cpu_us_per_msg": round(read_cpu, 2)}
 
 
-def run_nsqd(folder: Path, runfor: str, mem_queue_size: int | None = None) -> dict:
+def run_nsqd(folder: Path, runfor: str, mem_queue_size: int | None = None,
+             shape: str = "no_channel") -> dict:
     """nsqd spilling past its default --mem-queue-size, or with ``mem_queue_size``
-    (1,000,000: everything the run writes held in memory, nothing durable)."""
+    (1,000,000: everything the run writes held in memory, nothing durable), in ``shape``."""
     tcp, http = free_port(), free_port()
     size = ["--mem-queue-size", str(mem_queue_size)] if mem_queue_size else []
     with tempfile.TemporaryDirectory(prefix="nsqd-bench-") as data:
@@ -108,15 +175,15 @@ def run_nsqd(folder: Path, runfor: str, mem_queue_size: int | None = None) -> di
                       "--http-address", f"127.0.0.1:{http}", "--data-path", data,
                       "--log-level", "warn", *size], tcp)
         try:
-            return write_then_read(folder, tcp, runfor, proc.pid)
+            return exercise(folder, tcp, runfor, proc.pid, shape)
         finally:
             stop(proc)
 
 
 def run_pynsqd(folder: Path, runfor: str, event_loop: str = "asyncio",
-               durable: bool = True) -> dict:
+               durable: bool = True, shape: str = "no_channel") -> dict:
     """pynsqd under ``event_loop``; with ``durable`` False, without a data path (memory
-    only), which tells storage's share of the cost from the rest."""
+    only), which tells storage's share of the cost from the rest; in ``shape``."""
     tcp = free_port()
     with tempfile.TemporaryDirectory(prefix="pynsqd-bench-") as data:
         loop = ["--event-loop", event_loop] if event_loop != "asyncio" else []
@@ -125,14 +192,35 @@ def run_pynsqd(folder: Path, runfor: str, event_loop: str = "asyncio",
                                *path, *loop)
         try:
             wait_listening(tcp)
-            return write_then_read(folder, tcp, runfor, proc.pid)
+            return exercise(folder, tcp, runfor, proc.pid, shape)
         finally:
             stop(proc)
 
 
-def one_round(folder: Path, runfor: str, loops: list[str]) -> dict:
+def production_shapes(folder: Path, runfor: str, loop: str) -> dict:
+    """The shapes beyond NSQ's own (channel first; writer and reader together), each with
+    nsqd spilling, nsqd in memory, pynsqd durable and pynsqd memory-only under ``loop``;
+    every ratio and CPU ratio of ``CPU_COMPARISONS``, and pynsqd durable ÷ nsqd spilling."""
+    out = {}
+    for shape in SHAPES[1:]:
+        setups = {"nsqd": run_nsqd(folder, runfor, shape=shape),
+                  "nsqd_memory": run_nsqd(folder, runfor, 1_000_000, shape=shape),
+                  "pynsqd": run_pynsqd(folder, runfor, loop, shape=shape),
+                  "pynsqd_memory_only": run_pynsqd(folder, runfor, loop, durable=False,
+                                                   shape=shape)}
+        out[shape] = {**setups, "cpu_ratios": cpu_ratios(setups), "ratios": {
+            name: {kind: round(setups[ours][f"{kind}_msgs_per_s"]
+                               / setups[theirs][f"{kind}_msgs_per_s"], 3)
+                   if setups[theirs][f"{kind}_msgs_per_s"] else None
+                   for kind in ("write", "read")}
+            for name, (ours, theirs, _) in CPU_COMPARISONS.items()}}
+    return out
+
+
+def one_round(folder: Path, runfor: str, loops: list[str], production: bool = True) -> dict:
     """nsqd (spilling, then holding everything in memory), then pynsqd under each of
-    ``loops``, then pynsqd memory only under the first."""
+    ``loops``, then pynsqd memory only under the first; with ``production``, then the
+    shapes beyond NSQ's own (``production_shapes``) under the first loop."""
     nsqd = run_nsqd(folder, runfor)
     nsqd_memory = run_nsqd(folder, runfor, mem_queue_size=1_000_000)
     by_loop = {}
@@ -143,7 +231,8 @@ def one_round(folder: Path, runfor: str, loops: list[str]) -> dict:
                          "read_ratio": round(r["read_msgs_per_s"] / nsqd["read_msgs_per_s"], 3)}
     memory = run_pynsqd(folder, runfor, loops[0], durable=False)
     durable = by_loop[loops[0]]
-    return {"nsqd": nsqd, "nsqd_memory": nsqd_memory, "by_event_loop": by_loop,
+    shapes = production_shapes(folder, runfor, loops[0]) if production else {}
+    return {"shapes": shapes, "nsqd": nsqd, "nsqd_memory": nsqd_memory, "by_event_loop": by_loop,
             "cpu_ratios": cpu_ratios({"pynsqd": durable, "pynsqd_memory_only": memory,
                                       "nsqd": nsqd, "nsqd_memory": nsqd_memory}),
             "durable_vs_nsqd_memory": {
@@ -188,6 +277,20 @@ def worst_cpu_ratios(rounds: list[dict]) -> dict:
             for name in CPU_COMPARISONS}
 
 
+def worst_shape_ratios(rounds: list[dict]) -> dict:
+    """For each production shape, each rate ratio's lowest round and each CPU ratio's
+    highest: the goals say "in every round"."""
+    out = {}
+    for shape in rounds[0]["shapes"]:
+        each = [r["shapes"][shape] for r in rounds]
+        out[shape] = {
+            "ratios": {name: {kind: min((e["ratios"][name][kind] for e in each
+                                         if e["ratios"][name][kind] is not None), default=None)
+                              for kind in ("write", "read")} for name in CPU_COMPARISONS},
+            "cpu_ratios": worst_cpu_ratios(each)}
+    return out
+
+
 def medians(results: list[dict]) -> dict:
     """The median of each figure over rounds (nested dicts alike). A ratio's median is
     the median of each round's ratio: nsqd and pynsqd measured minutes apart on a shared
@@ -201,22 +304,30 @@ def medians(results: list[dict]) -> dict:
 
 
 def run(runfor: str = "10s", explicit_bin: str | None = None,
-        loops: list[str] | None = None, rounds: int = 1) -> dict:
+        loops: list[str] | None = None, rounds: int = 1, production: bool = True) -> dict:
     """``rounds`` rounds of: nsqd, then pynsqd under each event loop of ``loops``
     (default: ``event_loops()``), then pynsqd memory only under the first; each figure
     is the median over the rounds. {"skipped": reason} when NSQ's binaries are absent.
     ``pynsqd`` and the ratios are the first loop's; ``by_event_loop`` has every loop's
     figures and ratios; ``pynsqd_memory_only`` its figures and ratios (÷ nsqd in memory:
     neither keeps anything on disk);
-    ``cpu_ratios_worst`` each ``CPU_COMPARISONS`` ratio's highest round."""
+    ``cpu_ratios_worst`` each ``CPU_COMPARISONS`` ratio's highest round; ``shapes`` the
+    production shapes' medians, ``shapes_worst`` their worst rounds, ``shapes_by_round``
+    every round's ratios (``production`` False leaves them out)."""
     folder = nsq_bin(explicit_bin)
     if folder is None:
         return {"skipped": "NSQ's binaries (nsqd, bench_writer, bench_reader) were not found: "
                            "set NSQ_BIN to their folder"}
     halved(runfor)  # a bad duration fails here, before any broker starts
     loops = loops or event_loops()
-    each = [one_round(folder, runfor, loops) for _ in range(max(1, rounds))]
-    r = medians(each)
+    each = [one_round(folder, runfor, loops, production) for _ in range(max(1, rounds))]
+    r = medians([{k: v for k, v in e.items() if k != "shapes"} for e in each])
+    shapes = ({"shapes": medians([e["shapes"] for e in each]),
+               "shapes_worst": worst_shape_ratios(each),
+               "shapes_by_round": [{shape: {"ratios": e["shapes"][shape]["ratios"],
+                                            "cpu_ratios": e["shapes"][shape]["cpu_ratios"]}
+                                    for shape in e["shapes"]} for e in each]}
+              if production else {})
     first = r["by_event_loop"][loops[0]]
     return {"runfor": runfor, "rounds": max(1, rounds), "nsqd": r["nsqd"],
             "pynsqd": {k: v for k, v in first.items() if not k.endswith("_ratio")},
@@ -224,7 +335,7 @@ def run(runfor: str = "10s", explicit_bin: str | None = None,
             "by_event_loop": r["by_event_loop"],
             "pynsqd_memory_only": r["pynsqd_memory_only"],
             "nsqd_memory": r["nsqd_memory"], "durable_vs_nsqd_memory": r["durable_vs_nsqd_memory"],
-            "cpu_ratios_worst": worst_cpu_ratios(each)}
+            "cpu_ratios_worst": worst_cpu_ratios(each), **shapes}
 
 
 def main() -> None:

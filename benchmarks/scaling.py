@@ -17,13 +17,15 @@ import asyncio
 import json
 import resource
 import struct
+import tempfile
 import time
+from pathlib import Path
 
 try:
-    from .common import cpu_seconds, free_port, start_pynsqd, stop, wait_listening
+    from .common import cpu_seconds, free_port, start, start_pynsqd, stop, wait_listening
     from .tcp_throughput import read_frames
 except ImportError:  # run as a script
-    from common import cpu_seconds, free_port, start_pynsqd, stop, wait_listening
+    from common import cpu_seconds, free_port, start, start_pynsqd, stop, wait_listening
     from tcp_throughput import read_frames
 
 BATCH, SIZE = 200, 100
@@ -68,10 +70,13 @@ async def drain(reader, writer, rdy: int, counter: dict, target: int,
 
 
 async def shape(port: int, pid: int, topics: int, channels: int, consumers: int,
-                messages: int) -> dict:
+                messages: int, idle: int = 0) -> dict:
+    """Publish ``messages`` and drain them with ``consumers`` per channel; ``idle`` more
+    consumers subscribed to the first channel never send RDY (they receive nothing)."""
     names = [f"scale{i}" for i in range(topics)]
     subs = [await subscribe(port, t, f"c{c}") for t in names for c in range(channels)
             for _ in range(consumers)]
+    idlers = [await subscribe(port, names[0], "c0") for _ in range(idle)]
     pub_reader, pub = await asyncio.open_connection("127.0.0.1", port)
     pub.write(b"  V2")
     per_topic = max(1, messages // topics // BATCH) * BATCH  # whole MPUBs: what is published
@@ -90,17 +95,62 @@ async def shape(port: int, pid: int, topics: int, channels: int, consumers: int,
     for task in drains:
         task.cancel()
     await asyncio.gather(*drains, return_exceptions=True)
-    for _, writer in subs:
+    for _, writer in subs + idlers:
         writer.close()
     pub.close()
     return {"deliveries": target, "deliveries_per_s": round(target / elapsed),
             "broker_cpu_us_per_delivery": round(cpu / target * 1e6, 2)}
 
 
-def run(messages: int = 20_000) -> dict:
-    # A thousand consumers need a thousand sockets on this side too.
+def more_sockets() -> None:
+    """Thousands of consumers need thousands of sockets here, and in the brokers this
+    process starts (they inherit the limit)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 32768)), hard))
+
+
+def measure(broker: str, messages: int, consumers: int, idle: int = 0,
+            nsq_folder: Path | None = None) -> dict:
+    """One channel drained by ``consumers`` (``idle`` more beside them) of a fresh
+    ``broker`` ("pynsqd" memory only, or "nsqd" holding everything in memory)."""
+    port = free_port()
+    if broker == "nsqd":
+        data = tempfile.TemporaryDirectory(prefix="nsqd-scaling-")
+        proc = start([str(nsq_folder / "nsqd"), "--tcp-address", f"127.0.0.1:{port}",
+                      "--http-address", f"127.0.0.1:{free_port()}", "--data-path", data.name,
+                      "--log-level", "warn", "--mem-queue-size", str(messages * 2)], port)
+    else:
+        data = None
+        proc, _ = start_pynsqd("--tcp-address", f"127.0.0.1:{port}", "--http-address", "",
+                               "--mem-queue-size", str(messages * 2))
+    try:
+        wait_listening(port)
+        return asyncio.run(shape(port, proc.pid, 1, 1, consumers, messages, idle))
+    finally:
+        stop(proc)
+        if data is not None:
+            data.cleanup()
+
+
+def consumers_vs_nsqd(messages: int = 20_000, nsq_folder: Path | None = None,
+                      many: int = 1000, few: int = 10, idle: int = 10_000) -> dict:
+    """Many consumers on one channel, in production's terms: pynsqd and nsqd each with
+    ``few`` and ``many`` consumers (this harness, the same run), and pynsqd's ``few``
+    with ``idle`` more consumers subscribed that never send RDY (what idle consumers
+    cost the active ones). nsqd's figures are left out when its binary is absent."""
+    more_sockets()
+    out = {"messages": messages, "few": few, "many": many, "idle": idle,
+           "pynsqd": {"few": measure("pynsqd", messages, few),
+                      "many": measure("pynsqd", messages, many),
+                      "few_with_idle": measure("pynsqd", messages, few, idle)}}
+    if nsq_folder is not None:
+        out["nsqd"] = {"few": measure("nsqd", messages, few, nsq_folder=nsq_folder),
+                       "many": measure("nsqd", messages, many, nsq_folder=nsq_folder)}
+    return out
+
+
+def run(messages: int = 20_000) -> dict:
+    more_sockets()
     results = []
     for family, label, topics, channels, consumers in SHAPES:
         port = free_port()

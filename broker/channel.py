@@ -10,9 +10,10 @@ touches only those that are due.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from bisect import bisect_right
-from itertools import accumulate, repeat
+from itertools import accumulate, chain, islice, repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
@@ -54,7 +55,16 @@ class Channel:
         self._in_flight = DeadlineQueue()
         self._deferred = Deferred(self._store.spill_limit)
         self._consumers: list[Consumer] = []
-        self._rr = 0
+        # Each consumer's seat: the round-robin's order is the order they came in
+        # (``_consumers``' order), and a seat never changes as others leave.
+        self._seat: dict[Consumer, int] = {}
+        self._seats = itertools.count()
+        # Every consumer that may have room: a pass looks at these only, never at every
+        # consumer (with thousands subscribed, a FIN gives room to one). A consumer leaves
+        # when a pass finds it without room and comes back with whatever gives it room
+        # (FIN, REQ, a timeout, RDY, unblocking).
+        self._wanting: set[Consumer] = set()
+        self._last_served = -1  # the seat of the consumer served last
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
@@ -169,7 +179,9 @@ class Channel:
     # -- consumers --------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
         consumer.channel = self
+        self._seat[consumer] = next(self._seats)
         self._consumers.append(consumer)
+        self._wanting.add(consumer)
         self._pump()
 
     def remove_consumer(self, consumer: Consumer) -> None:
@@ -178,8 +190,10 @@ class Channel:
         nsqd lets such messages wait out their timeout; a consumer that has
         disconnected can never FIN them, so waiting only delays the pipeline.
         """
-        if consumer in self._consumers:
+        if consumer in self._seat:
             self._consumers.remove(consumer)
+            del self._seat[consumer]
+            self._wanting.discard(consumer)
         self.release(consumer)
         if self.ephemeral and not self._consumers and not self.deleted:
             self.topic.delete_channel(self.name)
@@ -193,15 +207,24 @@ class Channel:
             msg.consumer = None
         self.requeue_count += len(held)
         self._ready.push_front(held, keep=holder.keeps_given_back)
+        self._may_have_room(holder)
         self._pump()
 
-    def wake(self) -> None:
-        """A consumer that could not take messages (its transport was full) now can."""
+    def wake(self, consumer: Consumer) -> None:
+        """``consumer`` could not take messages (its transport was full) and now can."""
+        self._may_have_room(consumer)
         self._pump()
+
+    def _may_have_room(self, holder: Consumer) -> None:
+        """``holder`` may have room now: the next pass looks at it (a consumer of this
+        channel's round-robin; leases are not)."""
+        if holder in self._seat:
+            self._wanting.add(holder)
 
     def set_rdy(self, consumer: Consumer, count: int) -> None:
         self._broker.check_rdy(count)
         consumer.rdy = count
+        self._may_have_room(consumer)
         self._pump()
 
     def take(self, holder: "Lease", limit: int, max_bytes: int = 0,
@@ -294,6 +317,7 @@ class Channel:
                         for msg_id, msg in zip(msg_ids, finished) if msg is None]
             finished = [msg for msg in finished if msg is not None]
         self._finished(consumer, finished)
+        self._may_have_room(consumer)
         self._pump()
         return failures
 
@@ -332,6 +356,7 @@ class Channel:
         msg.consumer = None
         consumer.requeue_count += 1
         self.requeue_count += 1
+        self._may_have_room(consumer)
         if delay > 0:
             self._deferred.push(msg, self._clock.monotonic() + delay)
             self._timers_started()
@@ -367,6 +392,7 @@ class Channel:
             holder = msg.consumer
             if holder is not None:
                 holder.in_flight.pop(msg.id, None)
+                self._may_have_room(holder)
             msg.consumer = None
             self.timeout_count += 1
             if holder is not None and holder.keeps_given_back:
@@ -425,6 +451,7 @@ class Channel:
             if holder is not None:
                 holder.in_flight.pop(msg.id, None)
                 msg.consumer = None
+                self._may_have_room(holder)
                 if holder.keeps_given_back:
                     leases[id(holder)] = holder
         for lease in leases.values():
@@ -440,6 +467,8 @@ class Channel:
             self._retry = None
         consumers = list(self._consumers)
         self._consumers.clear()
+        self._seat.clear()
+        self._wanting.clear()
         self._drop_all()
         return consumers
 
@@ -459,17 +488,15 @@ class Channel:
 
     def _pump_pass(self) -> bool:
         """One pass of ``_pump``; whether it stopped on bytes rather than on room."""
-        consumers = self._consumers
-        rooms = [c.room() for c in consumers]
-        room = sum(r for r in rooms if r > 0)
-        if not room:
+        open_ = self._with_room(len(self._ready))
+        if not open_:
             return False
-        max_bytes = min((c.batch_bytes for c, r in zip(consumers, rooms)
-                         if r > 0 and c.batch_bytes), default=0)
+        room = sum(r for _, r in open_)
+        max_bytes = min((c.batch_bytes for c, _ in open_ if c.batch_bytes), default=0)
         msgs = self._take_ready(room, max_bytes)
         if not msgs:
             return False
-        batches = [(consumers[0], msgs)] if len(consumers) == 1 else self._share(msgs, rooms)
+        batches = [(open_[0][0], msgs)] if len(self._consumers) == 1 else self._share(msgs, open_)
         now = self._clock.monotonic()
         in_flight = self._in_flight
         for consumer, batch in batches:
@@ -481,33 +508,62 @@ class Channel:
             consumer.in_flight.update({msg.id: msg for msg in batch})
         self._timers_started()
         self._store.delivered(self, msgs)
+        wanting = self._wanting
         for consumer, batch in batches:
             consumer.deliver_many(batch)
+            if consumer.room() <= 0:
+                wanting.discard(consumer)
         return bool(max_bytes) and len(msgs) < room
 
-    def _share(self, msgs: list[Message], rooms: list[int]) -> list[tuple[Consumer, list[Message]]]:
-        """Deal ``msgs`` (no more than the ``rooms`` hold in all) round-robin to the
-        consumers with room, from the one after the consumer served last; each
-        consumer with its batch, in the order they were served."""
+    def _with_room(self, wanted: int) -> list[tuple[Consumer, int]]:
+        """The consumers with room and how much each has, in round-robin order from the
+        one after the consumer served last, no more of them than ``wanted`` (the messages
+        ready: a pass deals one to each in turn, so those after the ``wanted``-th would
+        get none); those found without room leave ``_wanting``."""
+        wanting, seat = self._wanting, self._seat
         consumers = self._consumers
-        n = len(consumers)
-        rr = self._rr % n
-        order = [i for i in (*range(rr, n), *range(rr)) if rooms[i] > 0]
-        k, count = len(order), len(msgs)
-        if min(rooms[i] for i in order) >= -(-count // k):
+        if len(wanting) * 4 >= len(consumers):
+            # Most of them (a channel whose consumers wait for messages): a walk in order.
+            ordered = consumers
+        else:
+            # A few (those a FIN, a REQ or a timeout gave room): sorted by seat.
+            ordered = sorted(wanting, key=seat.__getitem__)
+        split = bisect_right(ordered, self._last_served, key=seat.__getitem__)
+        open_, full = [], []
+        for consumer in chain(islice(ordered, split, None), islice(ordered, split)):
+            r = consumer.room()
+            if r > 0:
+                open_.append((consumer, r))
+                if len(open_) >= wanted:
+                    break
+            else:
+                full.append(consumer)
+        wanting.difference_update(full)
+        return open_
+
+    def _share(self, msgs: list[Message], open_: list[tuple[Consumer, int]]
+               ) -> list[tuple[Consumer, list[Message]]]:
+        """Deal ``msgs`` (no more than the consumers' rooms hold in all) round-robin to
+        ``open_`` (each consumer with room and its room, in round-robin order); each
+        consumer with its batch, in the order they were served."""
+        k, count = len(open_), len(msgs)
+        if min(r for _, r in open_) >= -(-count // k):
             # Every one has room for its turn in every round: slices, message j to
-            # order[j % k].
-            self._rr = (order[(count - 1) % k] + 1) % n
-            return [(consumers[i], msgs[j::k]) for j, i in enumerate(order[:count])]
+            # open_[j % k].
+            self._last_served = self._seat[open_[(count - 1) % k][0]]
+            return [(c, msgs[j::k]) for j, (c, _) in enumerate(open_[:count])]
+        rooms = [r for _, r in open_]
         batches: dict[int, list[Message]] = {}
+        i = last = 0
         for msg in msgs:
-            while rooms[rr] <= 0:
-                rr = (rr + 1) % n
-            batches.setdefault(rr, []).append(msg)
-            rooms[rr] -= 1
-            rr = (rr + 1) % n
-        self._rr = rr
-        return [(consumers[i], batch) for i, batch in batches.items()]
+            while rooms[i] <= 0:
+                i = (i + 1) % k
+            batches.setdefault(i, []).append(msg)
+            rooms[i] -= 1
+            last = i
+            i = (i + 1) % k
+        self._last_served = self._seat[open_[last][0]]
+        return [(open_[i][0], batch) for i, batch in batches.items()]
 
     def _take_ready(self, count: int, max_bytes: int) -> list[Message]:
         """Up to ``count`` messages off the ready queue, in order, stopping once their

@@ -112,7 +112,7 @@ class Consumer:
         if self.blocked:
             self.blocked = False
             if self.channel is not None and not self.channel.deleted:
-                self.channel.wake()
+                self.channel.wake(self)
 
     def deliver_many(self, msgs: list[Message]) -> None:
         """Hand over ``msgs``, already recorded in its ``in_flight`` by the channel."""

@@ -20,7 +20,7 @@ from .clock import Clock
 from .consumer import Consumer
 from .dedupe import Deduplicator, content_digest
 from .errors import (InvalidMessage, InvalidRequest, LeaseNotFound, MessageTooBig,
-                     TopicNotFound, WrongBroker)
+                     StorageFailed, TopicNotFound, WrongBroker)
 from .lease import (RESERVE_STEP_BYTES, Lease, LeaseJournal, LeaseSession, RememberedLease,
                     Reservation)
 from .message import IdFactory, Message, Published
@@ -329,7 +329,14 @@ class Broker:
         if self._journaled(reservation.channel):
             # Written before the answer: the deliveries (attempts), then the lease itself.
             self.storage.flush()
-            self.lease_journal.made(lease)
+            try:
+                self.lease_journal.made(lease)
+            except StorageFailed:
+                # Not written, so not made: its messages go back as they came.
+                reservation.channel.release(lease)
+                self._forget_lease(lease.lease_id)
+                lease.let_go()
+                raise
         return lease, reservation.channel.depth
 
     def _journaled(self, channel: Channel) -> bool:

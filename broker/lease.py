@@ -35,7 +35,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from .consumer import Consumer
+from .errors import StorageFailed
 from .message import Message
+from .storage import fileops, records
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -300,11 +302,17 @@ class LeaseJournal:
     bounded by the leases in flight or remembered. Written with ``write`` before the
     broker answers (what ``kill -9`` leaves); a power loss may take its unsynced tail.
 
-    Record: u32 length, u8 kind, payload, u32 crc32 of kind and payload. A torn or
-    corrupt record ends the reading (what follows it is dropped, logged).
+    The file is framed as a topic's log is (``storage.records``): its key first, then
+    one ``LEASE_MADE`` or ``LEASE_GONE`` record per change, each checked under the key,
+    so a name a client chose never passes for a record. A damaged or torn record costs
+    that record (one lease, or one lease's end) and the load resumes at the next one. A
+    write that fails is cut back off the file and the Reserve that wanted it is refused
+    (``StorageFailed``); a failed end is kept and written with the next write. A file
+    written before keys (``u32 length, u8 kind, payload, u32 crc32``, read up to its first
+    damaged record) is read as it was and rewritten in this framing at the start.
     """
 
-    MADE, GONE = 1, 2
+    MADE, GONE = 1, 2   # kinds of the framing before keys
     _HEAD = struct.Struct("<IB")
     _CRC = struct.Struct("<I")
     # lease id, topic len, channel len, owner len, msg timeout ms, n; then topic, channel,
@@ -313,21 +321,92 @@ class LeaseJournal:
     COMPACT_RATIO = 4
     COMPACT_MIN_BYTES = 1 << 20
 
-    def __init__(self, path: "str | os.PathLike[str]") -> None:
+    def __init__(self, path: "str | os.PathLike[str]",
+                 files: "fileops.Files | None" = None) -> None:
         self.path = Path(path)
+        self.files = fileops.current if files is None else files
         self._sizes: dict[str, int] = {}  # live lease id -> bytes of its MADE record
         self._live_bytes = 0
         self._dead_bytes = 0
         self._fd = -1
+        self._size = 0                    # of the file, as written by whole records
+        self._key = 0
+        self._unwritten: list[bytes] = []  # GONE records a failed write left to write
 
     # -- reading, at start ----------------------------------------------------
     def load(self) -> list[tuple[str, str, str, float, list[str], list[int], str]]:
         """The live leases on disk: (lease id, topic, channel, msg timeout s, ids,
         attempts), in the order they were made."""
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
+        data = self._read()
+        if not data:
             return []
+        found = records.file_key(data)
+        if found is None:  # every copy of its key damaged: found again from its records
+            key = self._recover_key(data)
+            found = (key, records.PROLOGUE_SIZE) if key is not None else None
+        if found is None or not found[0]:
+            return self._load_before_keys(data)
+        key, start = found
+        live: dict[str, tuple] = {}
+        damaged = 0
+
+        def count(_: int, __: bytes) -> None:
+            nonlocal damaged
+            damaged += 1
+
+        for record in records.scan(data[start:], f"lease journal {self.path}", start, None,
+                                   count, key):
+            if record.kind == records.LEASE_MADE:
+                try:
+                    made = self._decode_made(bytes(record.payload))
+                except (struct.error, UnicodeDecodeError, ValueError):
+                    damaged += 1  # its check passed: written so by a broker at fault
+                    continue
+                live[made[0]] = made
+            elif record.kind == records.LEASE_GONE:
+                live.pop(bytes(record.payload).decode(errors="replace"), None)
+        if damaged:
+            log.error("lease journal %s: %d damaged or torn span(s) skipped (offsets above): "
+                      "a lease made there is lost (its messages are not), or one ended there "
+                      "is kept and dropped if nothing of it waits", self.path, damaged)
+        return list(live.values())
+
+    def _read(self) -> bytes:
+        try:
+            fd = self.files.open(str(self.path), os.O_RDONLY)
+        except FileNotFoundError:
+            return b""
+        try:
+            size = self.files.size(fd)
+            parts, pos = [], 0
+            while pos < size:
+                chunk = self.files.pread(fd, size - pos, pos)
+                if not chunk:
+                    break
+                parts.append(chunk)
+                pos += len(chunk)
+            return b"".join(parts)
+        finally:
+            self.files.close(fd)
+
+    @staticmethod
+    def _recover_key(data: bytes) -> int | None:
+        """The key of a journal whose KEY records are all damaged: the one its first
+        record checks under, if the record after it (when there is one) agrees."""
+        at = records.PROLOGUE_SIZE
+        keys = []
+        while len(keys) < 2 and at + records.HEADER_SIZE <= len(data):
+            _, kind, length, crc = records.HEADER.unpack_from(data, at)
+            stop = at + records.HEADER_SIZE + length
+            if stop > len(data):
+                return None
+            keys.append(zlib.crc32(data[at + records.HEADER_SIZE:stop],
+                                   zlib.crc32(bytes((kind,)))) ^ crc)
+            at = stop
+        return keys[0] if keys and keys[0] and len(set(keys)) == 1 else None
+
+    def _load_before_keys(self, data: bytes) -> list[tuple]:
+        """A journal written before keys: read up to its first damaged record."""
         live: dict[str, tuple] = {}
         pos, head, crc = 0, self._HEAD, self._CRC
         while pos + head.size <= len(data):
@@ -375,12 +454,24 @@ class LeaseJournal:
     # -- writing --------------------------------------------------------------
     def open(self, live: "Iterable[tuple[str, str, str, float, list[str], list[int], str]]") -> None:
         """Start the file afresh with ``live`` (the leases kept after a restart)."""
-        self._rewrite([self._encode_made(*record) for record in live])
+        try:
+            self._rewrite([(record[0], self._encode_made(*record)) for record in live])
+        except OSError as err:
+            raise OSError(err.errno, f"cannot start: could not rewrite the lease journal "
+                          f"{self.path}: {fileops.describe(err)} (it is as it was; free space "
+                          f"or make it writable and start again)") from err
 
     def made(self, lease: "Lease") -> None:
+        """Write ``lease`` down; ``StorageFailed`` (and the file as it was) if it cannot be."""
         assert lease.channel is not None
         record = self._encode_lease(lease)
-        self._write(record)
+        try:
+            self._append([*self._unwritten, record])
+        except OSError as err:
+            raise StorageFailed(f"could not write the lease to {self.path}: "
+                                f"{err.strerror or err} (its messages are given back; retry)"
+                                ) from err
+        self._unwritten = []
         self._sizes[lease.lease_id] = len(record)
         self._live_bytes += len(record)
 
@@ -394,21 +485,33 @@ class LeaseJournal:
         if not self._sizes:
             # Nothing live: the file starts afresh (a power loss that undoes the cut
             # brings back leases already over, which find nothing and are dropped).
-            # Not open yet (nothing written since the start rewrote it): cut it by name.
-            if self._fd >= 0:
-                os.ftruncate(self._fd, 0)
-            elif self.path.exists():
-                os.truncate(self.path, 0)
-            self._dead_bytes = 0
+            try:
+                self._cut(records.PROLOGUE_SIZE)
+                self._dead_bytes, self._unwritten = 0, []
+                return
+            except OSError as err:
+                log.error("lease journal %s: could not cut it back: %s", self.path, err)
         elif self._dead_bytes > max(self.COMPACT_MIN_BYTES, self.COMPACT_RATIO * self._live_bytes):
-            self._rewrite([self._encode_lease(lease) for lease in live()
-                           if lease.lease_id in self._sizes])
-        else:
-            self._write(self._record(self.GONE, lease_id.encode()))
+            try:
+                self._rewrite([(lease.lease_id, self._encode_lease(lease)) for lease in live()
+                               if lease.lease_id in self._sizes])
+                self._unwritten = []
+                return
+            except OSError as err:
+                log.error("lease journal %s: could not rewrite it: %s", self.path, err)
+        self._unwritten.append(self._record(records.LEASE_GONE, lease_id.encode()))
+        try:
+            self._append(self._unwritten)
+            self._unwritten = []
+        except OSError as err:
+            # Kept, written with the next write: until then a restart keeps the lease,
+            # which finds nothing of it waiting (its messages are FINed) and drops it.
+            log.error("lease journal %s: could not write the end of lease %s: %s (kept; "
+                      "written with the next write)", self.path, lease_id, err)
 
     def close(self) -> None:
         if self._fd >= 0:
-            os.close(self._fd)
+            self.files.close(self._fd)
             self._fd = -1
 
     def _encode_lease(self, lease: "Lease | RememberedLease") -> bytes:
@@ -431,37 +534,65 @@ class LeaseJournal:
         payload = b"".join((self._MADE.pack(lease_id.encode(), len(t), len(c), len(o),
                                             int(msg_timeout * 1000), len(ids)),
                             t, c, o, "".join(ids).encode(), counts.tobytes()))
-        return self._record(self.MADE, payload)
+        return self._record(records.LEASE_MADE, payload)
 
-    def _record(self, kind: int, payload: bytes) -> bytes:
-        body = bytes((kind,)) + payload
-        return b"".join((struct.pack("<I", len(payload)), body,
-                         self._CRC.pack(zlib.crc32(body))))
+    @staticmethod
+    def _record(kind: int, payload: bytes) -> bytes:
+        return records.encode(kind, payload)
 
-    def _write(self, record: bytes) -> None:
-        if self._fd < 0:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        view = memoryview(record)
+    def _write_all(self, fd: int, data: "bytes | bytearray") -> None:
+        view = memoryview(data)
         while view:
-            view = view[os.write(self._fd, view):]
+            n = self.files.write(fd, view)
+            if n <= 0:
+                raise OSError(f"write returned {n}")
+            view = view[n:]
 
-    def _rewrite(self, records: list[bytes]) -> None:
-        """Replace the file with ``records`` (temp file, fsync, rename)."""
-        self.close()
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    def _append(self, parts: list[bytes]) -> None:
+        """Write whole records at the end, or leave the file as it was and raise."""
+        if self._fd < 0:
+            self._fd = self.files.open(str(self.path), os.O_WRONLY | os.O_APPEND)
+            self._size = self.files.size(self._fd)
+        data = records.seal(b"".join(parts), self._key)
         try:
-            data = memoryview(b"".join(records))
-            while data:
-                data = data[os.write(fd, data):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        self._sizes = {}
-        self._live_bytes = 0
-        for record in records:
-            lease_id = record[5:29].decode()
-            self._sizes[lease_id] = len(record)
-            self._live_bytes += len(record)
+            self._write_all(self._fd, data)
+        except OSError:
+            try:
+                self._cut(self._size)
+            except OSError as err:
+                log.error("lease journal %s: could not cut a failed write back off: %s "
+                          "(the next load skips the torn record)", self.path, err)
+            raise
+        self._size += len(data)
+
+    def _cut(self, size: int) -> None:
+        if self._fd < 0:
+            self._fd = self.files.open(str(self.path), os.O_WRONLY | os.O_APPEND)
+        self.files.truncate(self._fd, size)
+        self._size = size
+
+    def _rewrite(self, made: "list[tuple[str, bytes]]") -> None:
+        """Replace the file with a new key and ``made`` (temp file, fsync, rename); the
+        file as it was if that fails."""
+        key = records.new_key()
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        data = records.prologue(key) + records.seal(b"".join(r for _, r in made), key)
+        fd = self.files.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            self._write_all(fd, data)
+            self.files.fsync(fd)
+        except OSError:
+            self.files.close(fd)
+            self.files.unlink(str(tmp))
+            raise
+        self.files.close(fd)
+        try:
+            self.files.rename(str(tmp), str(self.path))
+        except OSError:
+            self.files.unlink(str(tmp))
+            raise
+        self.close()
+        self._key, self._size = key, len(data)
+        self._sizes = {lease_id: len(record) for lease_id, record in made}
+        self._live_bytes = sum(self._sizes.values())
         self._dead_bytes = 0

@@ -284,6 +284,77 @@ def test_a_replayed_partition_publishes_nothing_twice_and_keeps_each_rows_ttl(br
     assert channel_stats(client, "lines", "all").expired_count == 1
 
 
+class _Recording(PartitionPublisher):
+    """A publisher that remembers each MPUB it sends (topic, bodies), then sends it."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.requests: list[tuple[str, list[bytes]]] = []
+
+    def _flush(self, topic: str) -> None:
+        self.requests.append((topic, list(self._pending[topic][0])))
+        super()._flush(topic)
+
+
+def test_arrow_batches_are_cut_into_the_same_mpubs_as_the_same_rows_one_by_one(
+        broker, monkeypatch):
+    """Whole Arrow batches of bodies are checked and cut at once; a replay must name the
+    same requests whichever way its rows came, so the cuts (by count and by bytes, rows
+    pending from before included) are those of ``add`` row by row."""
+    import pyarrow as pa
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from spark_connector import writer
+
+    monkeypatch.setattr(writer, "MAX_REQUEST_BYTES", 64)   # bodies of 1-80 bytes cross it
+    examples = iter(range(10_000))
+
+    @settings(max_examples=60, deadline=None)
+    @given(sizes=st.lists(st.integers(1, 80), min_size=1, max_size=40),
+           batch_size=st.integers(1, 6), before=st.integers(0, 5),
+           cuts=st.lists(st.integers(0, 40), max_size=4), as_text=st.booleans())
+    def same_requests(sizes, batch_size, before, cuts, as_text):
+        n = next(examples)
+        bodies = [bytes([65 + i % 26]) * size for i, size in enumerate(sizes)]
+        one_by_one = _Recording(broker.address, "cut", f"rows:{n}", batch_size, "p 0")
+        in_bulk = _Recording(broker.address, "cut", f"arrow:{n}", batch_size, "p 0")
+        try:
+            for body in bodies:
+                one_by_one.add(body)
+            for body in bodies[:before]:            # pending when the batches come
+                in_bulk.add(body)
+            rest = bodies[before:]
+            edges = sorted({0, len(rest), *(c for c in cuts if c < len(rest))})
+            column = [b.decode() for b in rest] if as_text else rest
+            in_bulk.add_arrow(pa.RecordBatch.from_pydict({"body": column[a:b]})
+                              for a, b in zip(edges, edges[1:]))
+            assert in_bulk.finish() == one_by_one.finish() == len(bodies)
+            assert in_bulk.requests == one_by_one.requests
+            assert (in_bulk.sequence, in_bulk.row) == (one_by_one.sequence, one_by_one.row)
+        finally:
+            one_by_one.close()
+            in_bulk.close()
+
+    same_requests()
+
+
+@pytest.mark.parametrize("body, message", [
+    (None, "p 0, row 3: column 'body' is null"),
+    ("", "p 0, row 3: column 'body' is empty"),
+])
+def test_a_bad_row_in_an_arrow_batch_is_refused_naming_its_row(broker, body, message):
+    import pyarrow as pa
+
+    p = PartitionPublisher(broker.address, "lines", "test:w:0", 3, "p 0")
+    try:
+        p.add_arrow([pa.RecordBatch.from_pydict({"body": ["a", "b"]})])
+        with pytest.raises(PublishError, match=message):
+            p.add_arrow([pa.RecordBatch.from_pydict({"body": ["c", body, "d"]})])
+    finally:
+        p.close()
+
+
 @pytest.mark.parametrize("row, message", [
     ({"body": None}, "batch partition 4, row 1: column 'body' is null"),
     ({"body": b""}, "batch partition 4, row 1: column 'body' is empty"),

@@ -33,7 +33,7 @@ def files_of(path: Path, topic: str) -> list[Path]:
 def damage(path: Path, kind: int, nth: int = 0) -> None:
     """Flip one byte in the middle of the ``nth`` record of ``kind`` in the file."""
     data = bytearray(path.read_bytes())
-    found = [r for r in records.scan(bytes(data), str(path)) if r.kind == kind]
+    found = [r for r in records.scan_file(bytes(data), str(path)) if r.kind == kind]
     record = found[nth]
     at = record.offset + records.HEADER_SIZE + max(0, len(record.payload) // 2)
     if not len(record.payload):
@@ -58,8 +58,8 @@ def test_a_damaged_state_record_of_the_oldest_file_loses_no_message(tmp_path, co
     crash(broker)
     # The oldest file with messages pending: its STATE record alone names the channel.
     oldest = next(f for f in files_of(tmp_path, "events")
-                  if records.PUB in {r.kind for r in records.scan(f.read_bytes(), "")})
-    assert records.CHANNEL not in {r.kind for r in records.scan(oldest.read_bytes(), "")}
+                  if records.PUB in {r.kind for r in records.scan_file(f.read_bytes(), "")})
+    assert records.CHANNEL not in {r.kind for r in records.scan_file(oldest.read_bytes(), "")}
     damage(oldest, records.STATE, copy)
     broker = start(tmp_path, clock, max_bytes_per_file=1024)
     assert sorted(drain(broker, "events", "work")) == sorted(ids)
@@ -131,7 +131,7 @@ def test_a_damaged_mpub_costs_the_messages_of_that_mpub_only(tmp_path, caplog, w
     clean(broker)
     log_file, = files_of(tmp_path, "events")
     data = bytearray(log_file.read_bytes())
-    record = [r for r in records.scan(bytes(data), "") if r.kind == records.BATCH][1]
+    record = [r for r in records.scan_file(bytes(data), "") if r.kind == records.BATCH][1]
     data[record.offset + records.HEADER_SIZE + 5 + int(len(record.payload[5:]) * where)] ^= 0x10
     log_file.write_bytes(bytes(data))
     caplog.set_level(logging.WARNING, logger="pynsqd")
@@ -154,7 +154,7 @@ def test_an_mpub_damaged_after_the_start_loses_its_messages_and_frees_their_file
                for b in range(4)]
     first_file = files_of(tmp_path, "events")[0]
     data = bytearray(first_file.read_bytes())
-    record = [r for r in records.scan(bytes(data), "") if r.kind == records.BATCH][2]
+    record = [r for r in records.scan_file(bytes(data), "") if r.kind == records.BATCH][2]
     data[record.offset + records.HEADER_SIZE + len(record.payload) - 3] ^= 0x10
     first_file.write_bytes(bytes(data))  # the same inode: the broker reads it back so
     caplog.set_level(logging.ERROR, logger="pynsqd")
@@ -181,6 +181,61 @@ def test_a_missing_log_file_is_named_in_the_log_with_its_channels(tmp_path, capl
     assert set(got) < set(ids) and len(got) >= len(ids) - 20  # only that file's messages
     assert any(files[2].name in r.getMessage() and "missing" in r.getMessage()
                and "work" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("end", ["oldest", "newest"])
+def test_a_missing_oldest_or_newest_log_file_is_named_with_the_ids_it_held(tmp_path, caplog,
+                                                                          end):
+    """Each file records the oldest file kept and the next message id when it is made,
+    an older file where the log rolled on to, and the log each file the broker deleted:
+    a missing oldest or newest file is found, and the ids of the messages it held said."""
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=1024)
+    broker.create_channel("events", "work")
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    for i in range(40):                     # consumed: the broker deletes these files itself
+        broker.publish("events", f"done{i}".encode() * 10)
+        ch.set_rdy(consumer, 100)
+        consumer.fin_all()
+    broker.storage.wait_synced()
+    ch.remove_consumer(consumer)
+    ids = [broker.publish("events", f"m{i}".encode() * 10) for i in range(100)]
+    clean(broker)
+    files = files_of(tmp_path, "events")
+    assert int(files[0].name[:-4]) > 1      # the broker deleted the first ones
+    gone = files[0] if end == "oldest" else files[-1]
+    held = {r.payload[:8].hex() for r in records.scan_file(gone.read_bytes(), "")
+            if r.kind == records.PUB}
+    gone.unlink()
+    caplog.set_level(logging.ERROR, logger="pynsqd")
+    broker = start(tmp_path, clock, max_bytes_per_file=1024)
+    got = drain(broker, "events", "work")
+    assert sorted(got) == sorted(set(ids) - held)
+    said = [r.getMessage() for r in caplog.records if gone.name in r.getMessage()]
+    assert len(said) == 1 and f"{end} log file" in said[0]
+    if end == "oldest":   # the ids before the first one still there
+        assert f"before {min(set(ids) - held)}" in said[0]
+    else:                 # the ids from the first one it held
+        assert f"from id {min(held)}" in said[0]
+
+
+def test_files_the_broker_deleted_itself_are_not_reported_missing(tmp_path, caplog):
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=1024)
+    broker.create_channel("events", "work")
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    for i in range(60):
+        broker.publish("events", f"m{i}".encode() * 10)
+        ch.set_rdy(consumer, 100)
+        consumer.fin_all()
+    broker.storage.wait_synced()
+    crash(broker)
+    assert int(files_of(tmp_path, "events")[0].name[:-4]) > 1
+    caplog.set_level(logging.ERROR, logger="pynsqd")
+    start(tmp_path, clock, max_bytes_per_file=1024)
+    assert not [r for r in caplog.records if "missing" in r.getMessage()]
 
 
 @pytest.mark.parametrize("stop", RESTARTS)

@@ -246,9 +246,8 @@ def test_deliveries_of_one_pass_write_one_attempts_record_per_channel(tmp_path):
             consumer.fin_all()
             broker.channel("events", name).set_rdy(consumer, 1)
     broker.storage.flush()
-    data = b"".join(p.read_bytes() for p in sorted((tmp_path / "topics" / "t-events")
-                                                   .glob("*.log")))
-    kinds = [r.kind for r in records.scan(data, "log")]
+    kinds = [r.kind for p in sorted((tmp_path / "topics" / "t-events").glob("*.log"))
+             for r in records.scan_file(p.read_bytes(), "log")]
     assert kinds.count(records.ATTEMPTS) <= 2
     assert kinds.count(records.FIN) == 2
     broker.storage.close()

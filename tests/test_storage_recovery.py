@@ -620,7 +620,7 @@ def test_a_file_is_not_deleted_while_the_fsync_of_what_replaced_it_fails(tmp_pat
         consumer.fin_all()
     broker.storage.wait_synced()
     first = files_of_topic(tmp_path)[0]
-    files.fail("fsync", times=failing)       # the syncs after the MOVE fail
+    files.fail("fsync")                     # the syncs after the MOVE fail (each fsync)
     broker.storage.tick()
     clock.advance(1)
     broker.storage.tick()                   # the deferred message is copied out (MOVE)
@@ -630,6 +630,7 @@ def test_a_file_is_not_deleted_while_the_fsync_of_what_replaced_it_fails(tmp_pat
     assert broker.storage.failed
     broker.storage.abandon()
     files.power_loss(tmp_path)              # then the power goes
+    files.heal()
     broker = start(tmp_path, clock, max_bytes_per_file=2048)
     deferred = broker.channel("events", "work")._deferred.live()
     assert [(m.id, m.body) for m in deferred] == [(old, b"old")]

@@ -18,8 +18,9 @@ again before the next accept): the client sees its connection closed, and the br
 logs one line per ``REFUSAL_LOG_SECONDS`` with how many it refused. The accept loop
 (``accept_forever``) backs off when ``accept`` itself fails for want of descriptors or
 memory (EMFILE, ENFILE, ENOBUFS, ENOMEM), from ``BACKOFF_FIRST`` doubling to
-``BACKOFF_MOST`` seconds, logs once when it starts and once when it accepts again, and
-never stops serving the connections it has.
+``BACKOFF_MOST`` seconds, logs when it starts and when it accepts again (at most once per
+``REFUSAL_LOG_SECONDS``, however often the descriptors run out and come back), and never
+stops serving the connections it has.
 """
 
 from __future__ import annotations
@@ -164,20 +165,26 @@ async def accept_forever(sock: socket.socket, gate: ConnectionGate, name: str,
     connection ends); the others are closed at once."""
     loop = asyncio.get_running_loop()
     backoff = 0.0
+    said_out_at: float | None = None     # the last "cannot accept" line, said once a while
+    said_out = False
     while True:
         try:
             conn, peer = await loop.sock_accept(sock)
         except OSError as err:
             if err.errno not in _OUT_OF_RESOURCES:
                 raise
-            if not backoff:
+            now = time.monotonic()
+            if not backoff and (said_out_at is None or now - said_out_at >= REFUSAL_LOG_SECONDS):
                 log.warning("%s: cannot accept connections (%s): %d open; backing off, "
                             "serving the connections it has", name, err.strerror, gate.open)
+                said_out_at, said_out = now, True
             backoff = min(BACKOFF_MOST, backoff * 2 or BACKOFF_FIRST)
             await asyncio.sleep(backoff)
             continue
         if backoff:
-            log.warning("%s: accepting connections again", name)
+            if said_out:
+                log.warning("%s: accepting connections again", name)
+                said_out = False
             backoff = 0.0
         address = peer[0] if isinstance(peer, tuple) else str(peer)
         ticket = gate.admit(address)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import shutil
 
 # preadv's flag for "only what the page cache holds" (Linux 4.14+); None where absent.
@@ -84,6 +85,24 @@ class Files:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def open_file_limit() -> int:
+    """This process's open-file limit (``ulimit -n``, RLIMIT_NOFILE's soft limit)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def describe(err: OSError) -> str:
+    """What an OSError means to an operator: the open-file limit, named as such (with
+    the command that raises it), never as disk space."""
+    if err.errno in (errno.EMFILE, errno.ENFILE):
+        which = ("this process's open-file limit" if err.errno == errno.EMFILE
+                 else "the system's open-file limit (fs.file-max)")
+        return (f"{err.strerror or err}: {which} ({open_file_limit()} for this process) is "
+                f"reached; raise it (`ulimit -n 65536` before starting, or LimitNOFILE= "
+                f"for a systemd service)")
+    return str(err.strerror or err)
 
 
 # What a new DiskStore uses; tests replace it (monkeypatch) with a faulty one.

@@ -1,9 +1,20 @@
 """The record format of a topic's log, and a scanner that survives damage.
 
-Every record is ``[magic 2][type 1][length 4][crc32 4][payload]`` (big-endian);
-the CRC covers type and payload. A scan that meets a bad magic, a bad CRC or a
-record cut short logs it, and resynchronises on the next magic that starts a
-valid record, so everything valid before and after the damage is kept.
+Every record is ``[magic 2][type 1][length 4][check 4][payload]`` (big-endian);
+the check is the CRC-32 of type and payload XOR the file's key. A scan that meets a
+bad magic, a bad check or a record cut short logs it, and resynchronises on the
+next magic that starts a valid record, so everything valid before and after the
+damage is kept.
+
+Client bytes never pass for a record. Each file begins with its key: a random
+32-bit number, chosen when the file is made, in a ``KEY`` record written three
+times (checked without a key; ``prologue``). A message body can hold bytes laid
+out as any record, but a publisher never sees a key, so a record it crafts checks
+against the file's key only by a 1-in-2**32 guess, for each place a resync tries
+it: damage that sends a scan into a body finds the next record the broker wrote,
+not one a client planted. A file without a key (written before keys) is read as
+before, with key 0; a start always appends to a new file, so such files only age
+out.
 
 Records that decide which channels own messages (``STATE``, ``CHANNEL``, ``TOPIC``,
 ``FLUSH``, ``EMPTY``, ``CONFIG``) are written twice in a row: one damaged byte costs
@@ -47,6 +58,7 @@ so does a MOVE whose copy count has its ``MOVE_EXPIRES`` bit set.
 from __future__ import annotations
 
 import logging
+import secrets
 import struct
 import sys
 import zlib
@@ -63,6 +75,13 @@ HEADER_SIZE = HEADER.size
 
 PUB, FIN, DEFER, ATTEMPTS, EMPTY, CHANNEL, TOPIC, STATE, FLUSH, DEDUPE, MOVE, CONFIG, BATCH = \
     range(1, 14)
+# A file's key (``prologue``); the lease journal's records (``broker.lease``); a topic's
+# record of its files: each file's ROLL (after its STATE), the FORWARD an older file gets
+# when the log rolls on to a new one, and FILE_GONE when a file is deleted.
+KEY, LEASE_MADE, LEASE_GONE, ROLL, FORWARD, FILE_GONE = 14, 15, 16, 17, 18, 19
+ROLL_BODY = struct.Struct(">IIQ")         # oldest file kept, this file, the next message id
+FORWARD_BODY = struct.Struct(">IQ")       # the next file, the next message id
+FILE_GONE_BODY = struct.Struct(">I")
 CREATE, DELETE, PAUSE, UNPAUSE = 1, 2, 3, 4
 
 HELD, EXPIRES, DEFERS = 1, 2, 4
@@ -80,6 +99,84 @@ MAX_IDS_PER_RECORD = 1 << 16
 def encode(kind: int, payload: bytes) -> bytes:
     crc = zlib.crc32(payload, zlib.crc32(bytes((kind,))))
     return HEADER.pack(MAGIC, kind, len(payload), crc) + payload
+
+
+KEY_VERSION = 1
+_KEY_BODY = struct.Struct(">BI")          # version, key
+KEY_RECORD_SIZE = HEADER_SIZE + _KEY_BODY.size
+KEY_COPIES = 3
+PROLOGUE_SIZE = KEY_COPIES * KEY_RECORD_SIZE
+
+
+def new_key() -> int:
+    """A file's key: random, never 0 (0 is a file without a key)."""
+    return secrets.randbits(32) or 1
+
+
+def prologue(key: int) -> bytes:
+    """What a file with ``key`` begins with: its KEY record, three times (one damaged
+    byte costs one copy)."""
+    return encode(KEY, _KEY_BODY.pack(KEY_VERSION, key)) * KEY_COPIES
+
+
+def seal(data: "bytes | bytearray", key: int) -> "bytes | bytearray":
+    """``data`` (whole records, checked without a key) as a file with ``key`` holds
+    them: each record's check XOR the key."""
+    if not key or not data:
+        return data
+    length, crc = _CHECK.unpack_from(data, 3)
+    size = len(data)
+    if HEADER_SIZE + length == size:  # one record: a PUB, the usual append
+        return b"".join((data[:7], _CRC.pack(crc ^ key), memoryview(data)[HEADER_SIZE:]))
+    out = bytearray(data)
+    pos, unpack, pack = 0, _CHECK.unpack_from, _CRC.pack_into
+    while pos < size:
+        length, crc = unpack(out, pos + 3)
+        pack(out, pos + 7, crc ^ key)
+        pos += HEADER_SIZE + length
+    return out
+
+
+_CHECK = struct.Struct(">II")             # a header's length and check
+_CRC = struct.Struct(">I")
+
+
+def file_key(head: bytes) -> tuple[int, int] | None:
+    """(key, where its records start) of a file that begins with ``head`` (its first
+    ``PROLOGUE_SIZE`` bytes or more): a file written before keys is (0, 0); None when
+    every copy of its KEY record is damaged (then ``recover_key``)."""
+    looks_keyed = False
+    for at in range(0, PROLOGUE_SIZE, KEY_RECORD_SIZE):
+        if at + KEY_RECORD_SIZE > len(head):
+            break
+        magic, kind, length, crc = HEADER.unpack_from(head, at)
+        if magic == MAGIC and kind == KEY:
+            looks_keyed = True
+            payload = head[at + HEADER_SIZE:at + KEY_RECORD_SIZE]
+            if length == _KEY_BODY.size and zlib.crc32(payload, _KEY_SEED) == crc:
+                version, key = _KEY_BODY.unpack(payload)
+                if version == KEY_VERSION and key:
+                    return key, PROLOGUE_SIZE
+    return None if looks_keyed else (0, 0)
+
+
+def recover_key(data: bytes, at: int = PROLOGUE_SIZE) -> int | None:
+    """The key of a file whose KEY records are all damaged, from the record the broker
+    wrote after them (the STATE, written twice: both copies must give the same key, and
+    hold the same bytes); None if that fails too."""
+    keys = []
+    for _ in range(2):
+        if at + HEADER_SIZE > len(data):
+            return None
+        magic, kind, length, crc = HEADER.unpack_from(data, at)
+        stop = at + HEADER_SIZE + length
+        if magic != MAGIC or length > MAX_PAYLOAD or stop > len(data):
+            return None
+        keys.append((zlib.crc32(data[at + HEADER_SIZE:stop], zlib.crc32(bytes((kind,)))) ^ crc,
+                     bytes(data[at + 2:stop])))
+        at = stop
+    (first, a), (second, b) = keys
+    return first if first and first == second and a == b else None
 
 
 def twice(kind: int, payload: bytes) -> bytes:
@@ -328,6 +425,21 @@ def state(paused: bool, channels: dict[str, bool]) -> bytes:
     return twice(STATE, b"".join(parts))
 
 
+def roll(oldest: int, seg: int, next_id: int) -> bytes:
+    """A new file's record of the log: the oldest file kept when it was made, its number,
+    and the id the next message will have (every message in it has that id or a later)."""
+    return twice(ROLL, ROLL_BODY.pack(oldest, seg, next_id))
+
+
+def forward(seg: int, next_id: int) -> bytes:
+    """Written at the end of a file when the log rolls on to file ``seg``."""
+    return twice(FORWARD, FORWARD_BODY.pack(seg, next_id))
+
+
+def file_gone(seg: int) -> bytes:
+    return twice(FILE_GONE, FILE_GONE_BODY.pack(seg))
+
+
 def flush() -> bytes:
     return twice(FLUSH, b"")
 
@@ -371,9 +483,10 @@ class DamagedRecord(Exception):
     """A record that fails its check."""
 
 
-def message_at(block: bytes, pos: int) -> tuple[str, int, bytes, int] | None:
+def message_at(block: bytes, pos: int, key: int = 0) -> tuple[str, int, bytes, int] | None:
     """(hex id, publish ns, body, expires) of the PUB or MOVE record at ``pos`` of
-    ``block``; None if it is not one, fails its check or is cut by the block's end."""
+    ``block`` (of a file with ``key``); None if it is not one, fails its check or is
+    cut by the block's end."""
     if pos + HEADER_SIZE > len(block):
         return None
     magic, kind, length, crc = HEADER.unpack_from(block, pos)
@@ -382,7 +495,7 @@ def message_at(block: bytes, pos: int) -> tuple[str, int, bytes, int] | None:
     if magic != MAGIC or stop > len(block) or kind not in (PUB, MOVE):
         return None
     view = memoryview(block)[start:stop]
-    if zlib.crc32(view, _SEEDS[kind]) != crc:
+    if zlib.crc32(view, _SEEDS[kind]) != crc ^ key:
         return None
     if kind == MOVE:
         msg_id, ts, _, body, expires = Record(MOVE, pos, view).move()
@@ -397,6 +510,7 @@ def message_at(block: bytes, pos: int) -> tuple[str, int, bytes, int] | None:
 
 _PUB_REST = struct.Struct(">qqB")          # PUB_HEAD after the id
 _SEEDS = {kind: zlib.crc32(bytes((kind,))) for kind in (PUB, MOVE, BATCH)}
+_KEY_SEED = zlib.crc32(bytes((KEY,)))
 BATCH_SEED = _SEEDS[BATCH]
 # A PUB's header and head in one go, the CRC's seed, and where its body starts.
 PUB_WHOLE = struct.Struct(HEADER.format + PUB_HEAD.format[1:])
@@ -476,8 +590,10 @@ class Record:
 
 
 def scan(data: bytes, where: str, base: int = 0, rest: list[int] | None = None,
-         damaged: Callable[[int, bytes], None] | None = None) -> Iterator[Record]:
-    """The valid records of ``data`` (read at offset ``base`` of a file), logging
+         damaged: Callable[[int, bytes], None] | None = None, key: int = 0
+         ) -> Iterator[Record]:
+    """The valid records of ``data`` (read at offset ``base`` of a file whose key is
+    ``key``: its prologue is not part of ``data``), logging
     what is skipped and where (and handing each damaged span, with its offset, to
     ``damaged``). With ``rest``, ``data`` is one block of a longer file: a record it
     cuts short at its end is not damage; the offset in ``data`` where the unread part
@@ -499,7 +615,7 @@ def scan(data: bytes, where: str, base: int = 0, rest: list[int] | None = None,
         if rest is not None and magic == MAGIC and length <= MAX_PAYLOAD and stop > size:
             break  # the next block has the rest of it
         if (magic == MAGIC and length <= MAX_PAYLOAD and stop <= size
-                and zlib.crc32(view[start:stop], zlib.crc32(bytes((kind,)))) == crc):
+                and zlib.crc32(view[start:stop], zlib.crc32(bytes((kind,)))) == crc ^ key):
             if damaged_at is not None:
                 skipped(pos)
                 damaged_at = None
@@ -520,6 +636,24 @@ def scan(data: bytes, where: str, base: int = 0, rest: list[int] | None = None,
                     where, size - skipped_from, base + skipped_from)
         if damaged is not None:
             damaged(base + skipped_from, bytes(data[skipped_from:]))
+
+
+def scan_file(data: bytes, where: str,
+              damaged: Callable[[int, bytes], None] | None = None) -> Iterator[Record]:
+    """The valid records of a whole file's ``data``, under the key it begins with."""
+    found = file_key(data)
+    if found is None:
+        key = recover_key(data)
+        if key is None:
+            log.error("%s: every copy of the file's key is damaged, and the record after "
+                      "them too: its %d byte(s) cannot be checked and are skipped", where,
+                      len(data))
+            if damaged is not None:
+                damaged(0, bytes(data))
+            return iter(())
+        found = key, PROLOGUE_SIZE
+    key, start = found
+    return scan(bytes(data[start:]), where, start, None, damaged, key)
 
 
 def batch_count(span: bytes) -> int:

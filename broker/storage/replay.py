@@ -57,6 +57,14 @@ class Replay:
         self._born: dict[int, int] = {HELD: 0}   # a live channel's bit -> the epoch it began at
         self._valid: dict[int, int] = {}         # slot epoch -> the bits that count in it
         self._live_mask = 0
+        # The log's record of its files: segment -> (oldest kept, next id) of its ROLL;
+        # segment -> (next segment, next id) of its FORWARD; the newest file deleted.
+        self.rolls: dict[int, tuple[int, int]] = {}
+        self.forwards: dict[int, tuple[int, int]] = {}
+        self.deleted_upto = 0
+        self._overridden: set[int] | None = None  # bits with counts or times (at the end)
+        self._any_due = False
+        self._common: "array | bool | None" = None
 
     # -- channels -------------------------------------------------------------
     def _live(self) -> int:
@@ -229,6 +237,14 @@ class Replay:
         elif kind == records.CONFIG:
             channel, data = record.config()
             self.config[channel] = data
+        elif kind == records.ROLL:
+            oldest, _, next_id = records.ROLL_BODY.unpack(record.payload)
+            self.rolls[seg] = (oldest, next_id)
+        elif kind == records.FORWARD:
+            self.forwards[seg] = records.FORWARD_BODY.unpack(record.payload)
+        elif kind == records.FILE_GONE:
+            gone, = records.FILE_GONE_BODY.unpack(record.payload)
+            self.deleted_upto = max(self.deleted_upto, gone)
 
     def _batch(self, seg: int, record: records.Record) -> None:
         """Each message of a BATCH, as its PUB would: message ``i`` is at the batch's
@@ -301,7 +317,9 @@ class Replay:
             self.damage[f"unreadable span(s) (a message there is lost to {owners})"] += 1
             return
         kind, channel = found
-        if kind in (records.PUB, records.MOVE):
+        if not records.PUB <= kind <= records.BATCH:  # its type is what was damaged
+            self.damage[f"unreadable span(s) (a message there is lost to {owners})"] += 1
+        elif kind in (records.PUB, records.MOVE):
             self.damage[f"message(s) lost to {owners}"] += 1
         elif kind == records.BATCH:
             self.damage[f"message(s) lost to {owners}"] += records.batch_count(span)
@@ -328,6 +346,41 @@ class Replay:
             if mask & bit and stamps[slot] >= born:
                 yield (locs[slot], attempts.get((slot, bit), 0),
                        deferred.get((slot, bit), due[slot]))
+
+    def ready_locations(self, channel: str) -> array | None:
+        """The locations of the messages pending in ``channel``, in log order, when every
+        one of them is ready with no delivery counted (the usual case after a publish:
+        one pass, no tuple per message); None otherwise (then ``pending``)."""
+        bit = self.channels[channel]
+        if self._overridden is None:
+            self._overridden = {b for _, b in self._attempts} | {b for _, b in self._deferred}
+            self._any_due = any(self._due)
+        if bit in self._overridden or self._any_due:
+            return None
+        if self._common is None:
+            self._common = self._pending_in_all()
+        if self._common is not False:
+            return self._common
+        born = self._born[bit]
+        return array("q", [loc for loc, mask, stamp in zip(self._locs, self._masks, self._stamps)
+                           if mask & bit and stamp >= born])
+
+    def _pending_in_all(self) -> "array | bool":
+        """The locations of the messages pending, when each is pending in every live
+        channel (a topic whose channels all read the same backlog: one pass for them
+        all, not one per channel); False when not."""
+        live = self._live_mask
+        bits = [bit for bit in self._born if bit != HELD]
+        latest = max((self._born[bit] for bit in bits), default=0)
+        common = array("q")
+        for loc, mask, stamp in zip(self._locs, self._masks, self._stamps):
+            part = mask & live
+            if not part:
+                continue
+            if part != live or stamp < latest:
+                return False
+            common.append(loc)
+        return common
 
     def locations(self, ids: "set[int]") -> set[int]:
         """The log locations of the messages with these ids (those the log has)."""

@@ -1,6 +1,8 @@
 """A topic's log on disk: numbered segment files that roll at ``max_bytes_per_file``.
 
-Appends go to the newest segment; each segment opens with a ``STATE`` record
+Appends go to the newest segment; each segment opens with its key (a random
+number mixed into every record's check, so no bytes a client chose pass for a
+record: ``records.prologue``), then a ``STATE`` record
 (the topic's channels as the log stood), so a segment needs nothing older to
 be understood. Bodies are read back with ``pread`` (``Reader``: a message of a
 BATCH record is found through the log's index of its batches, one pair of
@@ -74,6 +76,8 @@ class TopicLog:
         self.state = state                  # the STATE record a new segment opens with
         self.refs: dict[int, int] = {}
         self.sizes: dict[int, int] = {}     # bytes of each segment on disk
+        self.keys: dict[int, int] = {}      # each segment's key (0: written before keys)
+        self.key = 0                        # the current segment's
         self._readers: dict[int, int] = {}
         # read_message's and read_cached's: each keeps the block it read last. A block
         # holds whole appends only (they are made on the event loop, as these reads),
@@ -91,6 +95,7 @@ class TopicLog:
         self.deleted: list[Path] = []       # reclaimed segments, to unlink off the loop
         self.on_reclaim: Callable[[int], None] | None = None
         self.appended = 0                   # bytes appended since the start (STATEs aside)
+        self.next_id: Callable[[], int] = lambda: 0   # the id the next message will have
 
     def segment_numbers(self) -> list[int]:
         return sorted(int(name[:-4]) for name in self.files.listdir(str(self.dir))
@@ -105,17 +110,32 @@ class TopicLog:
         existing = self.segment_numbers()
         self._roll((existing[-1] if existing else 0) + 1)
 
-    def _roll(self, seg: int) -> None:
+    def _roll(self, seg: int, next_id: int | None = None) -> None:
+        """Start segment ``seg``; ``next_id``: the id of the first message to go in it
+        (default: the next the broker will give)."""
         fd = self.files.open(str(self.path(seg)), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        key = records.new_key()
+        next_id = self.next_id() if next_id is None else next_id
+        oldest = min([s for s in self.sizes if s != seg] or [seg])
         try:
-            self._write_all(fd, 0, self.state())
+            self._write_all(fd, 0, records.prologue(key) + records.seal(
+                self.state() + records.roll(oldest, seg, next_id), key))
         except OSError:
             self.files.close(fd)
             self.files.unlink(str(self.path(seg)))
             raise
         if self._fd >= 0:
+            # The old file says where the log went on: a lost newest file is then known.
+            try:
+                self._write_all(self._fd, self._size, records.seal(
+                    records.forward(seg, next_id), self.key))
+                self._size = self.sizes[self.current] = self.files.size(self._fd)
+            except OSError as err:
+                log.warning("%s: could not note the roll to file %d in file %d: %s",
+                            self.dir, seg, self.current, err)
             self.retired.append(self._fd)
-        self.current, self._fd = seg, fd
+        self.current, self._fd, self.key = seg, fd, key
+        self.keys[seg] = key
         self._size = self.sizes[seg] = self.files.size(fd)
         self.refs.setdefault(seg, 0)
         self.dirty = True
@@ -139,13 +159,14 @@ class TopicLog:
                               "will skip the torn record)", self.dir, err)
             raise
 
-    def append(self, data: bytes) -> int:
-        """Write ``data`` (whole records) in one go; return the location where it starts."""
+    def append(self, data: bytes, ids: bytes | None = None) -> int:
+        """Write ``data`` (whole records; ``ids``: of the messages it publishes, 8 bytes
+        each) in one go; return the location where it starts."""
         if self._size and self._size + len(data) > self.max_bytes:
-            self._roll(self.current + 1)
+            self._roll(self.current + 1, int.from_bytes(ids[:8], "big") if ids else None)
         offset = self._size
         try:
-            self._write_all(self._fd, offset, data)
+            self._write_all(self._fd, offset, records.seal(data, self.key))
         finally:
             self._size = self.sizes[self.current] = self.files.size(self._fd)
         self.dirty = True
@@ -192,7 +213,7 @@ class TopicLog:
     def record_offset(self, loc: int) -> int:
         """The offset in its file of the record holding the message at ``loc`` (a BATCH
         holds several)."""
-        found = Reader(self.batches, self._pread)._batch_at(loc)
+        found = Reader(self.batches, self._pread, self.keys)._batch_at(loc)
         return split(found[0] if found is not None else loc)[1]
 
     def _pread(self, seg: int, size: int, offset: int) -> bytes:
@@ -206,8 +227,14 @@ class TopicLog:
         fails its check. Reads ahead: messages waiting on disk come up in log order, so
         one read serves those that follow."""
         if self._reader is None:
-            self._reader = Reader(self.batches, self._pread)
+            self._reader = Reader(self.batches, self._pread, self.keys)
         return self._reader.messages((loc,))[0]
+
+    def read_many(self, locs: "Sequence[int]") -> "list[Message | None]":
+        """``read_message`` of each of ``locs`` at once (runs of a batch built in bulk)."""
+        if self._reader is None:
+            self._reader = Reader(self.batches, self._pread, self.keys)
+        return self._reader.messages(locs)
 
     def read_pub(self, loc: int) -> tuple[int, int, bytes, int]:
         """(id, publish ns, body, expires) of the message at ``loc``; ``DamagedRecord``
@@ -236,7 +263,7 @@ class TopicLog:
             return files.pread(fd, size, offset)
 
         try:
-            return Reader(self.batches, read).messages(locs)
+            return Reader(self.batches, read, self.keys).messages(locs)
         finally:
             for fd in opened.values():
                 files.close(fd)
@@ -247,7 +274,7 @@ class TopicLog:
         It reads with this log's own open files, and keeps the block read last for the
         next call (a read-ahead asks for the locations that follow the last one's)."""
         if self._cached_reader is None:
-            self._cached_reader = Reader(self.batches, self._pread_cached)
+            self._cached_reader = Reader(self.batches, self._pread_cached, self.keys)
         try:
             return self._cached_reader.messages(locs)
         except _WouldWait:
@@ -294,9 +321,17 @@ class TopicLog:
             if fd is not None:
                 self.files.close(fd)
             self.batches.pop(seg, None)
+            self.keys.pop(seg, None)
             if self.on_reclaim is not None:
                 self.on_reclaim(seg)
             self.deleted.append(self.path(seg))
+
+    def close_readers(self) -> None:
+        """Close the files opened to read (reopened when next read): a start reads every
+        topic's messages, and keeps no more open than serving does."""
+        for fd in self._readers.values():
+            self.files.close(fd)
+        self._readers = {}
 
     def abandon(self) -> None:
         """Close every descriptor and write nothing more (what a killed process leaves)."""
@@ -358,12 +393,14 @@ class Reader:
     with ``read(segment, size, offset)``: locations asked for in log order cost one read
     per block, and a BATCH record one check and one pass over its columns for all of its
     messages. ``batches`` is the log's index of BATCH records: segment -> (offsets,
-    counts), each in log order."""
+    counts), each in log order; ``keys`` each segment's key (none: 0)."""
 
     def __init__(self, batches: dict[int, tuple[array, array]],
-                 read: Callable[[int, int, int], bytes]) -> None:
+                 read: Callable[[int, int, int], bytes],
+                 keys: "dict[int, int] | None" = None) -> None:
         self.batches = batches
         self.read = read
+        self.keys = {} if keys is None else keys
         self.block, self.block_loc, self.size = b"", 0, 0
         # The batch read last: its location, count and columns (None: it fails its check).
         self.batch_loc, self.batch_n = -1, 0
@@ -440,7 +477,8 @@ class Reader:
         start = rel + records.HEADER_SIZE
         stop = start + length
         if (magic != records.MAGIC or kind != records.BATCH or stop > self.size
-                or zlib.crc32(memoryview(block)[start:stop], records.BATCH_SEED) != crc):
+                or zlib.crc32(memoryview(block)[start:stop], records.BATCH_SEED)
+                != crc ^ self.keys.get(loc >> OFFSET_BITS, 0)):
             return None
         try:
             return records.read_batch(block, start, stop)
@@ -451,6 +489,7 @@ class Reader:
         """The message of the PUB or MOVE record at ``loc``."""
         block, size, header = self.block, self.size, records.HEADER_SIZE
         rel = loc - self.block_loc
+        key = self.keys.get(loc >> OFFSET_BITS, 0)
         # The common case: a PUB with no expiry, whole in the block read.
         if 0 <= rel and rel + records.PUB_BODY_AT <= size:
             magic, kind, length, crc, raw_id, ts, flags = records.PUB_CHECK.unpack_from(block, rel)
@@ -458,15 +497,15 @@ class Reader:
             stop = start + length
             if (magic == records.MAGIC_NUMBER and kind == records.PUB and not flags & EXPIRES
                     and stop <= size
-                    and zlib.crc32(memoryview(block)[start:stop], records.PUB_SEED) == crc):
+                    and zlib.crc32(memoryview(block)[start:stop], records.PUB_SEED) == crc ^ key):
                 # The id's 8 bytes in hex are the message's id.
                 msg = Message(raw_id.hex(), block[rel + records.PUB_BODY_AT:stop], ts)
                 msg.loc = loc
                 return msg
-        found = records.message_at(block, rel) if 0 <= rel < size else None
+        found = records.message_at(block, rel, key) if 0 <= rel < size else None
         if found is None:
             rel = self._record(loc)
-            found = records.message_at(self.block, rel)
+            found = records.message_at(self.block, rel, key)
         if found is None:
             return None
         msg_id, ts, body, expires = found

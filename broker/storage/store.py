@@ -36,6 +36,7 @@ after a back-off (``ReadLater``); only a record that fails its check is lost.
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import json
 import logging
@@ -79,6 +80,13 @@ RELOCATE_AFTER = 1.0
 RELOCATE_GAIN = 4
 # Bytes of a log file read at once at start.
 SCAN_BLOCK = 4 << 20
+# A start reads a channel's share of --mem-queue-size into memory only when it is at least
+# this many messages (fewer are not worth a read per channel: read ahead when consumed).
+RESTORE_MIN_SHARE = 64
+# Of the open-file limit, what durable topics may not take (each keeps its log file open):
+# an eighth, and at least this many, for connections, listeners and brief opens.
+FD_RESERVE_SHARE = 8
+FD_RESERVE_MIN = 64
 # After a read of messages waiting on disk fails (EMFILE, EIO, ...), its channel waits
 # this long before the next try, doubling up to READ_RETRY_MAX while reads fail.
 READ_RETRY_FIRST = 0.05
@@ -328,6 +336,7 @@ class DiskStore(Store):
         topic_log = TopicLog(self._dir(name), self.options.max_bytes_per_file, self.files,
                              logged.record)
         topic_log.on_reclaim = lambda seg: self._segment_reclaimed(name, seg)
+        topic_log.next_id = lambda: self.broker.new_id._next
         return topic_log
 
     def _durable(self, channel: "Channel") -> bool:
@@ -383,7 +392,8 @@ class DiskStore(Store):
         queued, prefix = self._encode_queued(topic.name)
         try:
             loc = topic_log.append(b"".join((prefix, data, records.dedupe(producer)
-                                             if producer is not None else b"")))
+                                             if producer is not None else b"")),
+                                   run.raw_ids)
         except OSError as err:
             log.error("%s: a publish could not be written: %s", topic_log.dir, err)
             raise StorageFailed(f"PUB to {topic.name} failed: the data path could not take "
@@ -421,6 +431,22 @@ class DiskStore(Store):
             self._read_works(name, topic_log)
         return msg
 
+    def _load_all(self, topic: "Topic", locs: array) -> "list[Message | None]":
+        """``load`` of each of ``locs`` (in log order), read in bulk."""
+        name = topic.name
+        topic_log = self.logs[name]
+        try:
+            msgs = topic_log.read_many(locs)
+        except OSError as err:
+            raise ReadLater(name, self._read_failed(name, topic_log, err)) from None
+        for loc, msg in zip(locs, msgs):
+            if msg is None:
+                seg = segment_of(loc)
+                log.error("%s: the record at offset %d fails its check: a message of it is "
+                          "lost", topic_log.path(seg), topic_log.record_offset(loc))
+                topic_log.release(seg)
+        return msgs
+
     def _read_failed(self, name: str, topic_log: TopicLog, err: OSError) -> float:
         """A read failed: count it, and say how long to wait before the next (doubling
         from READ_RETRY_FIRST up to READ_RETRY_MAX while reads keep failing)."""
@@ -428,7 +454,7 @@ class DiskStore(Store):
         backoff = min(self._read_backoff.get(name, READ_RETRY_FIRST / 2) * 2, READ_RETRY_MAX)
         self._read_backoff[name] = backoff
         log.warning("%s: reading messages waiting on disk failed: %s; they stay pending, "
-                    "read again in %.2fs (%d failed reads so far)", topic_log.dir, err,
+                    "read again in %.2fs (%d failed reads so far)", topic_log.dir, fileops.describe(err),
                     backoff, self._read_errors[name])
         return backoff
 
@@ -547,9 +573,23 @@ class DiskStore(Store):
         loc = oldest()
         return topic_log.bytes_from(segment_of(loc)) if loc else 0
 
+    def max_topics(self) -> int:
+        """The durable topics the open-file limit lets this broker hold and restart: each
+        keeps one file open; ``FD_RESERVE`` of the limit is kept for everything else
+        (connections, listeners, the files a start or a read opens for a moment)."""
+        limit = fileops.open_file_limit()
+        return max(1, limit - max(FD_RESERVE_MIN, limit // FD_RESERVE_SHARE))
+
     def topic_created(self, topic: "Topic") -> None:
         if topic.ephemeral or self._restoring:
             return
+        if len(self.logs) >= self.max_topics():
+            raise AdminFailed(
+                f"topic {topic.name} could not be created: this broker holds "
+                f"{len(self.logs)} durable topics, the most its open-file limit "
+                f"({fileops.open_file_limit()}, `ulimit -n`) lets it keep open and restart "
+                f"(one file each, and a reserve for connections); raise the limit (e.g. "
+                f"`ulimit -n 65536` before starting) or delete topics; nothing was changed")
         topic_log = self._new_log(topic.name)
         settings = deadletter.settings_of(topic, None)
         if settings:  # made with its settings (a ttl): written in the first file's one write
@@ -562,7 +602,7 @@ class DiskStore(Store):
                 self.files.rmtree(str(topic_log.dir))
             log.error("%s: topic %s could not be created: %s", topic_log.dir, topic.name, err)
             raise AdminFailed(f"topic {topic.name} could not be created: the data path "
-                                f"could not take it ({err.strerror or err}); nothing was "
+                                f"could not take it ({fileops.describe(err)}); nothing was "
                                 f"changed") from None
         self.logs[topic.name] = topic_log
         self._new_dirs.append(str(topic_log.dir.parent))
@@ -627,7 +667,8 @@ class DiskStore(Store):
     def channel_created(self, channel: "Channel") -> None:
         if self._durable(channel):
             topic, name = channel.topic, channel.name
-            durable = sum(not c.ephemeral for c in topic.channels.values())
+            durable = 0 if self._restoring else sum(not c.ephemeral
+                                                    for c in topic.channels.values())
             if durable >= records.MAX_CHANNELS:
                 raise InvalidChannel(f"channel {topic.name}/{name} refused: the topic has "
                                      f"{durable} durable channels, the most its log holds")
@@ -735,7 +776,9 @@ class DiskStore(Store):
             self._written(name, queued)
 
     def _segment_reclaimed(self, name: str, seg: int) -> None:
-        """A segment is about to go: keep its live de-duplication entries."""
+        """A segment is about to go: note it (a start then knows the oldest file it
+        should find), and keep its live de-duplication entries."""
+        self._queued.setdefault(name, []).append(records.file_gone(seg))
         for payload in self._dedupe.get(name, {}).pop(seg, []):
             if self.broker.dedupe.is_live(payload):
                 self._queued.setdefault(name, []).append(records.dedupe(payload))
@@ -911,6 +954,7 @@ class DiskStore(Store):
             while replays:  # each replay goes once its topic is built
                 replay, topic_log = replays.pop(0)
                 restored += self._restore(replay, topic_log)
+                topic_log.close_readers()
                 logs.append(topic_log)
         finally:
             self._restoring = self.broker.restoring = False
@@ -928,6 +972,12 @@ class DiskStore(Store):
                 done.abandon()
                 self.files.unlink(str(done.path(done.current)))
             where = topic_log.dir if topic_log is not None else self.path
+            if err.errno in (errno.EMFILE, errno.ENFILE):
+                raise DataPathUnwritable(
+                    err.errno, f"cannot start: could not open a new log file in {where} "
+                    f"({len(opened)} of {len(logs)} topics opened): {fileops.describe(err)}. "
+                    f"A start keeps one file open per durable topic (nothing was changed)"
+                    ) from err
             raise DataPathUnwritable(
                 err.errno, f"cannot start: could not write a new log file in {where}: "
                 f"{err.strerror or err}. A start writes one new file per topic (nothing "
@@ -955,24 +1005,53 @@ class DiskStore(Store):
                           ", ".join(topic_log.path(n).name for n in range(previous + 1, seg)),
                           ", ".join(sorted(replay.channels)) or "none")
             previous = seg
-            topic_log.sizes[seg] = self._scan_file(topic_log.path(seg),
-                                                   lambda r, seg=seg: replay.read(seg, r),
-                                                   replay.damaged)
+            topic_log.sizes[seg], topic_log.keys[seg] = self._scan_file(
+                topic_log.path(seg), lambda r, seg=seg: replay.read(seg, r), replay.damaged)
         topic_log.batches = replay.batches
+        self._missing_ends(name, topic_log, replay)
         if replay.damage:
             log.error("%s: topic %s: damaged records skipped (file and offset above): %s",
                       topic_log.dir, name, "; ".join(f"{count} {what}" for what, count
                                                      in sorted(replay.damage.items())))
         return replay, topic_log
 
+    def _missing_ends(self, name: str, topic_log: TopicLog, replay: Replay) -> None:
+        """Say so when the oldest or newest file of a topic's log is missing, from the
+        log's record of its files: which files, and which messages they held (by id)."""
+        present = sorted(topic_log.sizes)
+        if not present:
+            return
+        first, last = present[0], present[-1]
+        oldest_kept = replay.rolls.get(last, (0, 0))[0]
+        expected = max(oldest_kept, replay.deleted_upto + 1)
+        if oldest_kept and first > expected:
+            upto = replay.rolls.get(first, (0, 0))[1]
+            log.error("%s: topic %s: oldest log file(s) %s missing (neither found nor deleted "
+                      "by the broker): the messages pending in them are lost: those with ids "
+                      "before %016x (durable channels: %s)", topic_log.dir, name,
+                      ", ".join(topic_log.path(n).name for n in range(expected, first)), upto,
+                      ", ".join(sorted(replay.channels)) or "none")
+        if last in replay.forwards:
+            after, since = replay.forwards[last]
+            log.error("%s: topic %s: newest log file %s (and any after it) missing: every "
+                      "message published to the topic from id %016x on is lost, with the "
+                      "FINs and changes written there", topic_log.dir, name,
+                      topic_log.path(after).name, since)
+
     def _scan_file(self, path: Path, read: Callable[[records.Record], None],
-                   damaged: Callable[[bytes], None] | None = None) -> int:
+                   damaged: Callable[[bytes], None] | None = None) -> tuple[int, int]:
         """Feed every valid record of a file to ``read``, a block at a time (a whole
-        segment in memory at once would set the peak of a start); returns its size."""
+        segment in memory at once would set the peak of a start); returns its size and
+        its key."""
         fd = self.files.open(str(path), os.O_RDONLY)
         try:
             size = self.files.size(fd)
-            pos, carry, need = 0, b"", SCAN_BLOCK
+            key, pos = self._file_key(fd, path, size)
+            if key is None:
+                if damaged is not None:
+                    damaged(b"")
+                return size, 0
+            carry, need = b"", SCAN_BLOCK
             while pos < size:
                 chunk = self.files.pread(fd, max(SCAN_BLOCK, need), pos)
                 if not chunk:
@@ -981,14 +1060,35 @@ class DiskStore(Store):
                 pos += len(chunk)
                 rest: list[int] | None = [] if pos < size else None
                 for record in records.scan(block, str(path), base, rest,
-                                           damaged and (lambda _, span: damaged(span))):
+                                           damaged and (lambda _, span: damaged(span)), key):
                     read(record)
                 carry, need = (block[rest[0]:] if rest else b""), SCAN_BLOCK
                 if len(carry) >= records.HEADER_SIZE:  # a record longer than a block
                     need = records.HEADER_SIZE + records.HEADER.unpack_from(carry)[2] - len(carry)
-            return size
+            return size, key
         finally:
             self.files.close(fd)
+
+    def _file_key(self, fd: int, path: Path, size: int) -> tuple[int | None, int]:
+        """(key, where the records start) of an open log file; (None, size) when its key
+        is lost (every copy damaged, and the STATE after them), and logged."""
+        head = self.files.pread(fd, records.PROLOGUE_SIZE + records.HEADER_SIZE, 0)
+        found = records.file_key(head)
+        if found is not None:
+            return found
+        # Every KEY record damaged: the key again from the STATE the broker wrote after them.
+        if len(head) == records.PROLOGUE_SIZE + records.HEADER_SIZE:
+            length = records.HEADER.unpack_from(head, records.PROLOGUE_SIZE)[2]
+            if length <= records.MAX_PAYLOAD:
+                whole = self.files.pread(fd, 2 * (records.HEADER_SIZE + length), records.PROLOGUE_SIZE)
+                key = records.recover_key(whole, 0)
+                if key is not None:
+                    log.warning("%s: every copy of the file's key is damaged; the key was "
+                                "found again from the record after them", path)
+                    return key, records.PROLOGUE_SIZE
+        log.error("%s: every copy of the file's key is damaged, and the record after them "
+                  "too: its %d byte(s) cannot be checked, and what they held is lost", path, size)
+        return None, size
 
     def _restore(self, replay: Replay, topic_log: TopicLog) -> int:
         """Build the topic, its channels and their queues from a replay."""
@@ -1018,10 +1118,18 @@ class DiskStore(Store):
             topic_log.hold(seg, count)
         now_ns = self.broker.clock.wall_ns()
         leased = self._leased.get(name, {})
+        # A start reads into memory at most --mem-queue-size of the topic's ready messages
+        # in all, shared among its channels (the rest wait on disk as their locations, read
+        # ahead as consumers come): its time is the log's, not channels x pending.
+        share = self.spill_limit // max(1, len(replay.channels))
+        if share < RESTORE_MIN_SHARE:
+            share = 0  # too few to be worth a read per channel: read ahead when consumed
         for channel_name in replay.channels:
             keep = replay.locations(leased[channel_name]) if channel_name in leased else None
+            plain = replay.ready_locations(channel_name) if keep is None else None
             topic.channels[channel_name].restore(
-                *self._queues(topic, replay.pending(channel_name), now_ns, keep))
+                *(self._ready_queues(topic, plain, share) if plain is not None else
+                  self._queues(topic, replay.pending(channel_name), now_ns, keep, share)))
         topic.restore_held(*self._queues(topic, replay.pending(None), now_ns))
         for seg, payload in replay.dedupe:
             self.broker.dedupe.restore(payload, topic.name)
@@ -1029,16 +1137,28 @@ class DiskStore(Store):
         topic_log.reclaim()
         return replay.count()
 
+    def _ready_queues(self, topic: "Topic", locs: array, limit: int) -> tuple:
+        """``_queues`` of messages all ready with no delivery counted: the first ``limit``
+        read into memory, the rest on disk, each part taken in one slice."""
+        try:
+            loaded = self._load_all(topic, locs[:limit])
+        except ReadLater:  # a start that cannot read what it restores stops (the log says why)
+            raise OSError(f"cannot start: reading the messages of topic {topic.name} "
+                          f"under {self._dir(topic.name)} failed (nothing was changed); "
+                          f"start again") from None
+        ready = [msg for msg in loaded if msg is not None]
+        return ready, locs[limit:], [], None, (), []
+
     def _queues(self, topic: "Topic", entries: Iterable[tuple[int, int, int]], now_ns: int,
-                keep: "set[int] | None" = None
+                keep: "set[int] | None" = None, ready_limit: int | None = None
                 ) -> tuple[list[Message], array, list[tuple[Message, float]], array | None,
                            Iterable[tuple[int, int, float]], list[Message]]:
         """What ``Channel.restore`` takes: ready in memory, ready on disk only, deferred in
         memory with seconds left, the delivery counts of those ready on disk only (None:
         all 0), (loc, attempts, seconds left) of those deferred on disk only, and those
         to keep in memory at the front whatever the limit: every ready one whose location
-        is in ``keep`` (a kept lease's). At most ``spill_limit`` others ready and as many
-        deferred are read into memory."""
+        is in ``keep`` (a kept lease's). At most ``ready_limit`` (default ``spill_limit``)
+        others ready and ``spill_limit`` deferred are read into memory."""
         ready: list[Message] = []
         front: list[Message] = []
         on_disk = array("q")
@@ -1046,26 +1166,38 @@ class DiskStore(Store):
         deferred: list[tuple[Message, float]] = []
         later_locs, later_attempts, later_delays = array("q"), array("H"), array("d")
         limit = self.spill_limit
+        ready_limit = limit if ready_limit is None else ready_limit
+        # What is read into memory is read in one go after: a run of locations costs one
+        # read and one pass per batch record, not a read per message (a start with many
+        # channels reads the same messages for each).
+        load_locs, load_what = array("q"), []
+        n_ready = n_deferred = 0
         for loc, attempts, deliver_at in entries:
             if deliver_at > now_ns:
-                if len(deferred) >= limit:
+                if n_deferred >= limit:
                     later_locs.append(loc)
                     later_attempts.append(attempts)
                     later_delays.append((deliver_at - now_ns) / 1e9)
                     continue
-            elif (on_disk or len(ready) >= limit) and not (keep and loc in keep):
+                n_deferred += 1
+            elif (on_disk or n_ready >= ready_limit) and not (keep and loc in keep):
                 if attempts and on_disk_attempts is None:
                     on_disk_attempts = array("H", bytes(2 * len(on_disk)))
                 on_disk.append(loc)
                 if on_disk_attempts is not None:
                     on_disk_attempts.append(attempts)
                 continue
-            try:
-                msg = self.load(topic, loc)
-            except ReadLater:  # a start that cannot read what it restores stops (the log says why)
-                raise OSError(f"cannot start: reading the messages of topic {topic.name} "
-                              f"under {self._dir(topic.name)} failed (nothing was changed); "
-                              f"start again") from None
+            elif not (keep and loc in keep):
+                n_ready += 1
+            load_locs.append(loc)
+            load_what.append((attempts, deliver_at))
+        try:
+            loaded = self._load_all(topic, load_locs)
+        except ReadLater:  # a start that cannot read what it restores stops (the log says why)
+            raise OSError(f"cannot start: reading the messages of topic {topic.name} "
+                          f"under {self._dir(topic.name)} failed (nothing was changed); "
+                          f"start again") from None
+        for loc, msg, (attempts, deliver_at) in zip(load_locs, loaded, load_what):
             if msg is None:
                 continue
             msg.attempts = attempts
