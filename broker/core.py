@@ -82,6 +82,10 @@ class Broker:
         # Channels with in-flight or deferred messages: all that a tick looks at.
         self.timed_channels: set[Channel] = set()
         self.listeners: list[Listener] = []  # e.g. the nsqlookupd registration
+        # True while a durable start rebuilds topics and channels from its data path: the
+        # log says they are restored (an operator reading "created" at a restart would
+        # think data was lost); listeners hear them made all the same.
+        self.restoring = False
 
     # -- publishing -------------------------------------------------------
     def publish(self, topic: str, body: bytes, *, defer_ms: int = 0, producer_id: str = "",
@@ -640,6 +644,8 @@ class Broker:
     def _notify(self, event: str, topic: str, channel: str | None) -> None:
         # nsqd's INFO lines, one per change (never per message).
         what, _, how = event.partition("_")
+        if self.restoring and how == "created":
+            how = "restored"
         log.info("%s(%s): %s", what.upper(), f"{topic}/{channel}" if channel else topic, how)
         for listener in self.listeners:
             try:

@@ -1,18 +1,23 @@
 """What an operator reads: pynsqd's first log line says what runs (version, config file,
 storage mode); an error at start is the broker's own line, naming the flag at fault,
 with no third-party line before it; `pynsqd --help` is grouped as an operator looks for
-things; `pynsq` describes its positionals."""
+things; `pynsq` describes its positionals; a restart says it restores what it had."""
 
 from __future__ import annotations
 
+import json
+import logging
 import socket
+import struct
 import subprocess
 
-from broker import __version__
+from broker import Broker, Client, EmbeddedBroker, Options, __version__
+from broker.clock import ManualClock
+from broker.storage import DiskStore
 from broker.cli import build_parser as cli_parser
 from broker.daemon import HELP_GROUPS, IGNORED_GROUP, build_parser
 
-from .helpers import Daemon, bin_path
+from .helpers import Daemon, bin_path, wait_for
 
 PREFIX = "[pynsqd] "
 
@@ -98,3 +103,67 @@ def test_pub_help_describes_its_positionals(capsys):
         helps = {a.dest: a.help for a in sub[command]._actions if not a.option_strings}
         for name in positionals:
             assert helps[name], f"pynsq {command}: {name} has no help"
+
+
+def test_a_restart_logs_its_topics_and_channels_as_restored_not_created(tmp_path):
+    data = str(tmp_path / "data")
+    first = Daemon("--data-path", data).wait_ready()
+    client = Client(first.address)
+    try:
+        client.create_channel("events", "spark")
+        client.publish("events", b"hello")
+    finally:
+        client.close()
+    assert first.stop() == 0
+    assert "TOPIC(events): created" in first.output()
+
+    again = Daemon("--data-path", data).wait_ready()
+    assert again.stop() == 0
+    lines = again.output().splitlines()
+    assert any(line.endswith("TOPIC(events): restored") for line in lines), lines
+    assert any(line.endswith("CHANNEL(events/spark): restored") for line in lines), lines
+    assert not any(": created" in line for line in lines), lines
+
+
+def test_a_restored_topic_and_channel_are_still_announced_to_listeners_as_made(tmp_path):
+    """What nsqlookupd hears at a restart is what it heard before: topics and channels
+    made (it registers them); only the log says they were restored."""
+    def start() -> Broker:
+        opts = Options(data_path=str(tmp_path / "data"))
+        broker = Broker(opts, clock=ManualClock())
+        broker.storage = DiskStore(broker, opts)
+        broker.listeners.append(lambda event, topic, channel: heard.append((event, topic, channel)))
+        broker.storage.recover()
+        return broker
+
+    heard: list = []
+    broker = start()
+    broker.create_channel("events", "spark")
+    broker.storage.close()
+    heard.clear()
+    start().storage.close()
+    assert heard == [("topic_created", "events", None), ("channel_created", "events", "spark")]
+
+
+def test_a_tcp_client_is_named_by_its_address_in_every_line_and_its_client_id_said_once(caplog):
+    """An operator follows one client through the log by one name: the address it
+    connected from, from `new client` to `gone`; IDENTIFY's client_id is said once, on
+    the line that says it identified."""
+    caplog.set_level(logging.INFO, logger="pynsqd")
+    body = json.dumps({"client_id": "worker-7", "hostname": "box-7"}).encode()
+    with EmbeddedBroker() as broker:
+        host, port = broker.tcp_address.rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as sock:
+            name = "%s:%d" % sock.getsockname()
+            sock.sendall(b"  V2IDENTIFY\n" + struct.pack(">i", len(body)) + body)
+            assert sock.recv(64).endswith(b"OK")
+            sock.sendall(b"SUB events nsq\n")
+            assert sock.recv(64).endswith(b"OK")
+        wait_for(lambda: any("gone" in r.getMessage() for r in caplog.records), 10)
+    about = [r.getMessage() for r in caplog.records
+             if name in r.getMessage() or "worker-7" in r.getMessage()]
+    assert all(name in line for line in about), about
+    assert [line for line in about if line.startswith("TCP:")] == [
+        f"TCP: new client({name})",
+        f"TCP: client({name}): identified as client_id worker-7",
+        f"TCP: client({name}) gone"], about

@@ -157,7 +157,9 @@ class V2Connection(asyncio.Protocol):
         self.output_held = False
         self.reading = True                  # the transport is reading (not paused)
         self.consumer: Consumer | None = None
-        self.client_id = ""
+        # The client's name in every log line of its life: the address it connected from,
+        # fixed at connect (IDENTIFY's client_id is said once, and is /stats' own).
+        self.name = ""
         # What IDENTIFY said of the client (client_id, hostname, user_agent), for /stats.
         self.identified: dict[str, str] = {}
         self.msg_timeout_ms = 0
@@ -203,15 +205,15 @@ class V2Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._set_buffer_limits()
         peer = transport.get_extra_info("peername")
-        self.client_id = f"{peer[0]}:{peer[1]}" if peer else "tcp"
-        log.info("TCP: new client(%s)", self.client_id)
+        self.name = f"{peer[0]}:{peer[1]}" if peer else "tcp"
+        log.info("TCP: new client(%s)", self.name)
         if self.server.security is not None:
             self.auth = self.server.security.client_auth(peer[0] if peer else "")
         self.server.connections.add(self)
         self._schedule_heartbeat()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        log.info("TCP: client(%s) gone%s", self.client_id, f" ({exc})" if exc else "")
+        log.info("TCP: client(%s) gone%s", self.name, f" ({exc})" if exc else "")
         self.state = CLOSED
         self.server.connections.discard(self)
         if self.ticket is not None:
@@ -291,7 +293,7 @@ class V2Connection(asyncio.Protocol):
         if unsent > MAX_UNSENT_BYTES + self.broker.options.max_msg_size \
                 and self.state is not CLOSED:
             log.warning("TCP client %s: %d bytes unsent, over the connection's budget; "
-                        "disconnecting", self.client_id, unsent)
+                        "disconnecting", self.name, unsent)
             self.state = CLOSED
             self.out.clear()
             self.out_bytes = 0
@@ -336,7 +338,7 @@ class V2Connection(asyncio.Protocol):
     def _stuck_out(self) -> None:
         self._stuck = None
         log.warning("TCP client %s: has not read its output for %.1fs; disconnecting",
-                    self.client_id, self._stuck_after())
+                    self.name, self._stuck_after())
         self.state = CLOSED
         if self.transport is not None:
             self.transport.abort()
@@ -345,7 +347,7 @@ class V2Connection(asyncio.Protocol):
         err.__traceback__ = err.__context__ = None  # the frames of the refused request go now
         self.send(error_frame(err))
         if err.fatal:
-            log.info("TCP client %s: %s %s", self.client_id, err.code,
+            log.info("TCP client %s: %s %s", self.name, err.code,
                      printable(err.message, 512))   # names the client sent among it
             self._hang_up()
 
@@ -394,7 +396,7 @@ class V2Connection(asyncio.Protocol):
         # A client held for its unread output is the stuck timer's (pause_writing).
         if not self.output_held and \
                 time.monotonic() - self.last_read > 2 * self.heartbeat_ms / 1000:
-            log.info("TCP client %s: no heartbeat reply; closing", self.client_id)
+            log.info("TCP client %s: no heartbeat reply; closing", self.name)
             self._close()
             return
         self.send(HEARTBEAT)
@@ -442,7 +444,7 @@ class V2Connection(asyncio.Protocol):
                 except (Incomplete, LineTooLong):
                     raise                  # the command is not all here: see below
                 except Exception as err:   # a fault of the broker's, not the client's
-                    log.error("TCP client %s: %s failed: %r; closing", self.client_id,
+                    log.error("TCP client %s: %s failed: %r; closing", self.name,
                               params[0].decode(errors="replace")[:32], err)
                     log.debug("the failure", exc_info=True)
                     self.send(frame(wire.FRAME_ERROR, b"E_INVALID internal error"))
@@ -455,7 +457,7 @@ class V2Connection(asyncio.Protocol):
                 self._error(BodyTooBig(f"request over max-body-size "
                                        f"{self.broker.options.max_body_size}"))
         except LineTooLong:
-            log.info("TCP client %s: command line over %d bytes; closing", self.client_id,
+            log.info("TCP client %s: command line over %d bytes; closing", self.name,
                      wire.MAX_LINE)
             self._hang_up()
         finally:
@@ -471,7 +473,7 @@ class V2Connection(asyncio.Protocol):
             self._error(err)
             return
         except Exception as err:
-            log.info("TCP client %s: %s; closing", self.client_id, printable(err, 512))
+            log.info("TCP client %s: %s; closing", self.name, printable(err, 512))
             self._waiting = None
             self._hang_up()
             return
@@ -522,9 +524,11 @@ class V2Connection(asyncio.Protocol):
         if msg_timeout and not 1000 <= msg_timeout <= opts.max_msg_timeout:
             raise InvalidBody(f"IDENTIFY msg timeout ({msg_timeout}) is invalid")
         # Escaped here, once: these strings reach the log and /stats text as they are.
-        self.client_id = printable(data.get("client_id") or self.client_id)
         self.identified = {key: printable(data.get(key) or "")
                            for key in ("client_id", "hostname", "user_agent")}
+        if self.identified["client_id"]:
+            log.info("TCP: client(%s): identified as client_id %s", self.name,
+                     self.identified["client_id"])
         if heartbeat:
             self.heartbeat_ms = 0 if heartbeat == -1 else heartbeat
         if buffer_size:

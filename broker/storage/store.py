@@ -936,7 +936,7 @@ class DiskStore(Store):
         ``--mem-queue-size``, so a replay takes back every one."""
         started = time.monotonic()
         self._leased = leased or {}
-        self._restoring = True
+        self._restoring = self.broker.restoring = True
         restored = 0
         topics_dir = self.path / "topics"
         names = sorted(self.files.listdir(str(topics_dir)))
@@ -957,7 +957,7 @@ class DiskStore(Store):
                 topic_log.close_readers()
                 logs.append(topic_log)
         finally:
-            self._restoring = False
+            self._restoring = self.broker.restoring = False
         opened: list[TopicLog] = []
         self._found = [str(topic_log.path(seg)) for topic_log in logs for seg in topic_log.sizes]
         topic_log = None
