@@ -252,8 +252,8 @@ class V2:
         self.sock.sendall(data)
 
     def answer(self) -> str:
-        """``OK`` (or any response frame), the error code of an error frame, or
-        ``closed`` when the broker closed the connection without a frame."""
+        """``OK`` (or any response frame but a heartbeat), the error code of an error
+        frame, or ``closed`` when the broker closed the connection without a frame."""
         while len(self.buf) < 4 or len(self.buf) < 4 + struct.unpack(">i", self.buf[:4])[0]:
             try:
                 chunk = self.sock.recv(1 << 16)
@@ -267,6 +267,8 @@ class V2:
         self.buf = self.buf[4 + size:]
         if kind == 1:
             return data.split(b" ", 1)[0].decode()
+        if data == b"_heartbeat_":      # the broker is still waiting: not an answer
+            return "no answer (a heartbeat)"
         return "OK"
 
     def close(self) -> None:
@@ -397,6 +399,19 @@ def _tcp_channel(target, n):
 def _tcp_line(target, n):
     # A line of n bytes naming a topic too long: answered E_BAD_TOPIC while the line fits.
     return tcp(target, (b"PUB " + b"a" * (n - 4), b"x"))
+
+
+@probe("wire line awaiting its newline")
+def _wire_line(target, n):
+    from broker.server import wire
+
+    try:
+        wire.read_line(b"PUB " + b"a" * (n - 4), 0)
+    except wire.LineTooLong:
+        return "LineTooLong"
+    except wire.Incomplete:
+        return "Incomplete"
+    return "a line without its newline was read"
 
 
 # -- HTTP -----------------------------------------------------------------------------
@@ -604,7 +619,7 @@ def test_a_limit_answers_as_documented_one_below_at_and_one_above_its_edge(
     assert run is not None, f"LIMITS.md names the path {path!r}, which has no probe here"
     if getattr(run, "needs_tmp_path", False):
         got = run(None, n, request.getfixturevalue("tmp_path"))
-    elif path.startswith(("options", "spark")):
+    elif path.startswith(("options", "spark", "wire")):
         got = run(None, n)
     else:
         got = run(request.getfixturevalue("target"), n)
