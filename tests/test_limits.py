@@ -149,6 +149,13 @@ def _grpc_topic(target, n):
     return grpc_answer(lambda: c.publish(fresh().ljust(n, "a")[:n], b"x"))
 
 
+@probe("grpc Publish ephemeral topic")
+def _grpc_ephemeral_topic(target, n):
+    _, c = target
+    return grpc_answer(lambda: c.publish(fresh().ljust(n - 10, "a")[:n - 10] + "#ephemeral",
+                                         b"x"))
+
+
 @probe("grpc CreateChannel channel")
 def _grpc_channel(target, n):
     _, c = target
@@ -393,6 +400,11 @@ def _tcp_topic(target, n):
 @probe("tcp SUB channel")
 def _tcp_channel(target, n):
     return tcp(target, (f"SUB {fresh()} {'c' * n}", None))
+
+
+@probe("tcp SUB ephemeral channel")
+def _tcp_ephemeral_channel(target, n):
+    return tcp(target, (f"SUB {fresh()} {'c' * (n - 10)}#ephemeral", None))
 
 
 @probe("tcp PUB line")
