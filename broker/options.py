@@ -118,6 +118,11 @@ class Options:
                                    "it publishes nothing twice")
     dedupe_capacity: int = _opt(1_000_000, "most de-duplication entries kept, oldest first "
                                            "out: about 450 bytes each (450 MB at the default)")
+    max_connections: int = _opt(0, "most TCP and HTTP(S) connections open at once (0: the "
+                                   "open-file limit less an eighth kept for serving)")
+    max_connections_per_client: int = _opt(0, "most TCP and HTTP(S) connections open at once "
+                                               "from one client address (0: half of "
+                                               "--max-connections)")
     log_level: str = _opt("info", "debug, info, warning or error")
     event_loop: str = _opt("asyncio", "pynsqd's event loop: asyncio, uvloop (if installed), "
                            "or auto (uvloop when installed, else asyncio)")

@@ -7,6 +7,9 @@ free loopback port in its own thread, for the tests.
 A secret it does not know is answered 403, as a real auth server refuses one. A
 secret whose answer is an int is answered with that status and a body that is not
 JSON (an auth server failing); one whose answer is bytes gets them as a 200's body.
+``HOLD`` is answered only after ``release()`` (a slow auth server), ``Huge(n)`` with a
+200 whose JSON body of ``n`` bytes is streamed (a garbage-answering one),
+``Redirect(url)`` with a 307 to ``url``.
 Every query is recorded in ``queries`` (the form the broker sent).
 """
 
@@ -33,6 +36,23 @@ def reply(*, publish: str | None = None, subscribe: str | None = None,
     return {"ttl": ttl, "identity": identity, "identity_url": "", "authorizations": auths}
 
 
+HOLD = object()
+
+
+class Redirect:
+    """A 307 to ``location`` (where the asking client's query would go next)."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+
+
+class Huge:
+    """A 200 answer of ``size`` bytes: a valid answer whose identity is that long."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
 class AuthServer:
     def __init__(self, secrets: dict[str, Any]) -> None:
         self.secrets = secrets
@@ -41,6 +61,8 @@ class AuthServer:
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
+        self._released: asyncio.Event | None = None
+        self.sent = 0          # bytes of Huge answers sent
 
     async def _auth(self, request: web.Request) -> web.Response:
         form = dict(request.query) if request.method == "GET" else dict(await request.post())
@@ -49,16 +71,48 @@ class AuthServer:
         answer = self.secrets.get(form.get("secret", ""))
         if answer is None:
             return web.json_response({"message": "NOT_AUTHORIZED"}, status=403)
+        if answer is HOLD:
+            assert self._released is not None
+            await self._released.wait()
+            return web.json_response(reply(publish=".*"))
+        if isinstance(answer, Redirect):
+            return web.Response(status=307, headers={"Location": answer.location})
+        if isinstance(answer, Huge):
+            return await self._huge(request, answer.size)
         if isinstance(answer, int):
             return web.Response(status=answer, text="<html>internal error</html>")
         if isinstance(answer, bytes):
             return web.Response(body=answer, content_type="application/json")
         return web.json_response(answer)
 
+    async def _huge(self, request: web.Request, size: int) -> web.StreamResponse:
+        head, tail = b'{"ttl": 3600, "identity": "', b'", "authorizations": []}'
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.content_length = size
+        await response.prepare(request)
+        chunk = b"x" * (1 << 20)
+        await response.write(head)
+        left = size - len(head) - len(tail)
+        try:
+            while left > 0:
+                piece = chunk[:left]
+                await response.write(piece)
+                self.sent += len(piece)
+                left -= len(piece)
+            await response.write(tail)
+        except (ConnectionError, RuntimeError):
+            pass                   # the broker stopped reading: what a bound does
+        return response
+
+    def release(self) -> None:
+        """Answer every HOLD query, those waiting and those to come."""
+        self._loop.call_soon_threadsafe(lambda: self._released and self._released.set())
+
     def start(self) -> "AuthServer":
         started: Future = Future()
 
         async def serve() -> None:
+            self._released = asyncio.Event()
             app = web.Application()
             app.router.add_route("*", "/auth", self._auth)
             self._runner = web.AppRunner(app, access_log=None)

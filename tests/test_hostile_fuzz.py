@@ -1,10 +1,13 @@
 """A fuzzer of hostile clients: generated input (hypothesis) on the TCP, HTTP and
-gRPC surfaces of one ``pynsqd`` subprocess. After every input the broker must be
-alive, within a bound of RSS over its start, have answered in its protocol (frames
-well formed, nsqd's error codes, no HTTP 500, no gRPC UNKNOWN or INTERNAL), and its
-log must have no traceback, one line per complaint.
+gRPC surfaces of one ``pynsqd`` subprocess, and slow senders (half-sent headers,
+bodies, commands, AUTHs and TLS handshakes, many connections at once, left open).
+After every input the broker must be alive, within a bound of RSS and of open
+descriptors (/proc/PID/fd) over its start, serve a legitimate client, have answered
+in its protocol (frames well formed, nsqd's error codes, no HTTP 500, no gRPC UNKNOWN
+or INTERNAL), and its log must have no traceback, one line per complaint.
 
-``HOSTILE_FUZZ_EXAMPLES`` (default 150 per surface, about 20 s in all) explores further.
+``HOSTILE_FUZZ_EXAMPLES`` (default 150 per surface, a thirtieth of it and two chosen
+cases for slow senders; about 30 s in all) explores further.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import subprocess
 
 import grpc
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from broker.api import broker_pb2 as pb
@@ -26,6 +29,9 @@ from .helpers import bin_path, free_port, rss, wait_for
 
 EXAMPLES = int(os.environ.get("HOSTILE_FUZZ_EXAMPLES", 150))
 RSS_BOUND = 128 << 20           # over the broker's RSS at start, for the whole session
+FDS_BOUND = 32                  # descriptors over its start, once a client closed its own
+#: The fuzzed broker's connection caps (--max-connections, --max-connections-per-client).
+MAX_CONNECTIONS, MAX_PER_CLIENT = 200, 100
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))
 #: nsqd's error codes (and pynsqd's own for what nsqd has not).
@@ -33,7 +39,7 @@ NSQ_CODES = {b"E_INVALID", b"E_BAD_PROTOCOL", b"E_BAD_TOPIC", b"E_BAD_CHANNEL", 
              b"E_BAD_MESSAGE", b"E_FIN_FAILED", b"E_REQ_FAILED", b"E_TOUCH_FAILED",
              b"E_AUTH_DISABLED", b"E_AUTH_FIRST", b"E_AUTH_FAILED", b"E_UNAUTHORIZED",
              b"E_PUB_FAILED", b"E_MPUB_FAILED", b"E_DPUB_FAILED"}
-INPUTS = {"tcp": 0, "http": 0, "grpc": 0}
+INPUTS = {"tcp": 0, "http": 0, "grpc": 0, "slow": 0}
 
 
 class Broker:
@@ -43,28 +49,41 @@ class Broker:
         self.log = open(log_path, "wb")
         self.proc = subprocess.Popen([bin_path("pynsqd"), "--grpc-address", self.grpc,
                                       "--tcp-address", self.tcp, "--http-address", self.http,
-                                      "--max-body-size", "65536", "--max-msg-size", "4096"],
+                                      "--max-body-size", "65536", "--max-msg-size", "4096",
+                                      "--max-connections", str(MAX_CONNECTIONS),
+                                      "--max-connections-per-client", str(MAX_PER_CLIENT)],
                                      stdout=self.log, stderr=subprocess.STDOUT)
         self.channel = grpc.insecure_channel(self.grpc)
         wait_for(self.answers, 30, message="pynsqd to start")
         self.base_rss = rss(self.proc.pid)
+        self.base_fds = self.fds()
         self.peak_growth = 0
+        self.peak_fds = 0
+
+    def fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
     def answers(self) -> bool:
         assert self.proc.poll() is None, f"pynsqd exited: {self.log_text()}"
         try:
+            # From an address of its own: the slow senders may fill 127.0.0.1's cap.
             _, status = http_request(self.http, b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                                                b"Connection: close\r\n\r\n")
+                                                b"Connection: close\r\n\r\n",
+                                     source="127.0.0.3")
             return status == 200
         except OSError:
             return False
 
-    def check(self) -> None:
-        """Alive, answering, within its RSS bound."""
+    def check(self, open_here: int = 0) -> None:
+        """Alive, answering, within its RSS bound, and holding no more descriptors than
+        the connections still open (``open_here``) allow once the closed ones are gone."""
         assert self.answers(), "pynsqd stopped answering"
         grown = rss(self.proc.pid) - self.base_rss
         self.peak_growth = max(self.peak_growth, grown)
         assert grown < RSS_BOUND, f"pynsqd's RSS grew {grown >> 20} MiB"
+        limit = self.base_fds + open_here + FDS_BOUND
+        wait_for(lambda: self.fds() <= limit, 10, 0.02,
+                 f"pynsqd's descriptors back under {limit}")
 
     def log_text(self) -> str:
         if not self.log.closed:
@@ -86,7 +105,8 @@ def target(tmp_path_factory):
     log = broker.log_text()
     print(f"\nhostile fuzz inputs: {INPUTS} ({sum(INPUTS.values())} in all); "
           f"{len(log.splitlines())} log lines; RSS {broker.base_rss >> 20} MiB at start, "
-          f"at most {broker.peak_growth >> 20} MiB more")
+          f"at most {broker.peak_growth >> 20} MiB more; {broker.base_fds} descriptors at "
+          f"start, at most {broker.peak_fds} while slow senders were open")
     assert "Traceback" not in log, log[-3000:]
 
 
@@ -193,11 +213,13 @@ def test_tcp_hostile_input_gets_nsqds_errors_and_the_broker_stays_bounded(
 
 # -- HTTP -----------------------------------------------------------------------------
 
-def http_request(address: str, request: bytes, half_close: bool = False) -> tuple[bytes, int]:
+def http_request(address: str, request: bytes, half_close: bool = False,
+                 source: str | None = None) -> tuple[bytes, int]:
     """Send ``request`` (then close our side, with ``half_close``) and read the answer
     until the broker closes; returns it and its status (0: none)."""
     host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=5) as sock:
+    with socket.create_connection((host, int(port)), timeout=5,
+                                  source_address=(source, 0) if source else None) as sock:
         try:
             sock.sendall(request)
             if half_close:
@@ -298,4 +320,58 @@ def test_grpc_hostile_requests_get_a_status_that_names_the_fault(target, method,
             pass
     except grpc.RpcError as err:
         assert err.code() not in BAD_CODES, (err.code(), err.details())
+    target.check()
+
+
+# -- slow senders ---------------------------------------------------------------------
+
+SLOW_STARTS = {
+    "http headers": ("http", b"POST /pub?topic=slow HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le"),
+    "http body": ("http", b"POST /pub?topic=slow HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                          b"Content-Length: 1000\r\n\r\nsome"),
+    "tcp command": ("tcp", b"  V2PUB slow\n" + struct.pack(">i", 1000) + b"some"),
+    "tcp line": ("tcp", b"  V2PUB slo"),
+    "tcp auth": ("tcp", b"  V2AUTH\n" + struct.pack(">i", 64) + b"secr"),
+    # A TLS ClientHello's first bytes, on listeners that speak no TLS here.
+    "tls handshake": ("tcp", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"),
+    "tls on http": ("http", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"),
+}
+
+
+@settings(FUZZ, max_examples=max(5, EXAMPLES // 30))
+@example(kind="http body", count=MAX_PER_CLIENT + 50, cut=64)
+@example(kind="tcp auth", count=MAX_PER_CLIENT + 50, cut=64)
+@given(kind=st.sampled_from(sorted(SLOW_STARTS)), count=st.integers(1, MAX_PER_CLIENT + 50),
+       cut=st.integers(0, 64))
+def test_slow_senders_hold_no_more_than_the_caps_and_a_legitimate_client_is_served(
+        target, kind, count, cut):
+    INPUTS["slow"] += 1
+    surface, start = SLOW_STARTS[kind]
+    host, port = getattr(target, surface).rsplit(":", 1)
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.settimeout(5)
+            sock.connect((host, int(port)))
+            socks.append(sock)
+            try:
+                sock.sendall(start[:max(1, min(cut, len(start)))])
+            except OSError:
+                pass                            # refused over a cap, or answered at once
+        held = target.fds() - target.base_fds
+        target.peak_fds = max(target.peak_fds, target.fds())
+        assert held <= MAX_PER_CLIENT + FDS_BOUND, f"{held} descriptors held for {count}"
+        # Another client address is served meanwhile, on both listeners.
+        legit = socket.socket()
+        legit.bind(("127.0.0.2", 0))
+        legit.settimeout(5)
+        legit.connect(tuple((target.tcp.rsplit(":", 1)[0], int(target.tcp.rsplit(":", 1)[1]))))
+        legit.sendall(b"  V2PUB legit\n" + struct.pack(">i", 2) + b"ok")
+        assert read_frames(legit)[:1] == [(0, b"OK")]
+        legit.close()
+        target.check(open_here=len(socks))
+    finally:
+        for sock in socks:
+            sock.close()
     target.check()

@@ -21,6 +21,18 @@ connections. The answer is kept by the connection that asked (``ClientAuth``) fo
 its ``ttl``, then asked again; an auth server that refuses, fails (not 200) or
 answers what breaks these rules refuses the client.
 
+The auth servers are a dependency the broker bounds (``docs/threat-model.md``): at
+most ``AUTH_CONNECTIONS`` queries are asked at once (one connection each), and a
+query waits at most the request timeout for its turn, apart from the connect timeout
+(``--http-client-connect-timeout``) and the request timeout
+(``--http-client-request-timeout``) it then has; one client address may have at most
+``MAX_PENDING_PER_ADDRESS`` queries pending, and one more is refused at once, so a
+secret the auth server is slow to answer delays only the clients that send it. An
+answer is read up to ``MAX_REPLY_BYTES`` and must name at most ``MAX_AUTHORIZATIONS``
+authorizations, ``MAX_REGEXES`` regexes in all, and an identity (and identity URL) of
+at most ``MAX_IDENTITY_LENGTH`` characters: anything larger is refused as invalid, so
+parsing one costs the event loop a bounded time.
+
 Errors, nsqd's codes: ``AuthFirst`` (E_AUTH_FIRST, no secret given),
 ``AuthFailed`` (E_AUTH_FAILED, the auth servers refused the secret or could not
 be asked; the reason is logged, never sent to the client), ``Unauthorized``
@@ -29,13 +41,17 @@ be asked; the reason is logged, never sent to the client), ``Unauthorized``
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
 import random
+import re
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable
+from urllib.parse import quote, quote_plus
 
 import re2
 
@@ -47,6 +63,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("pynsqd")
 
 PERMISSIONS = ("publish", "subscribe")
+
+#: Queries to the auth servers asked at once (each holds a connection, a descriptor).
+AUTH_CONNECTIONS = 256
+#: Queries pending at once for one client address; one more is refused at once.
+MAX_PENDING_PER_ADDRESS = 32
+#: The largest answer read from an auth server.
+MAX_REPLY_BYTES = 1 << 20
+#: Authorizations, and regexes in all of them (topic and channels), in one answer.
+MAX_AUTHORIZATIONS = 1024
+MAX_REGEXES = 4096
+#: The longest identity (and identity URL) an answer may give: it names the client in
+#: the broker's log, /stats and the AUTH reply.
+MAX_IDENTITY_LENGTH = 1024
 
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False     # a bad regex is the auth server's error, answered once
@@ -113,41 +142,93 @@ class AuthState:
 
 
 def parse_reply(data: bytes | str, now: float) -> AuthState:
-    """An auth server's JSON answer, checked as nsqd checks it; InvalidAuthReply if not."""
+    """An auth server's JSON answer, checked as nsqd checks it and within this module's
+    bounds; InvalidAuthReply if not."""
+    if len(data) > MAX_REPLY_BYTES:
+        raise InvalidAuthReply(f"the answer is over {MAX_REPLY_BYTES} bytes")
     try:
         doc = json.loads(data)
     except ValueError as err:
         raise InvalidAuthReply(f"the answer is not JSON: {err}") from None
+    except RecursionError:
+        raise InvalidAuthReply("the answer is not JSON: nested too deeply") from None
     if not isinstance(doc, dict):
         raise InvalidAuthReply("the answer is not a JSON object")
+    raws = doc.get("authorizations") or []
+    if not isinstance(raws, list):
+        raise InvalidAuthReply("authorizations is not a list")
+    if len(raws) > MAX_AUTHORIZATIONS:
+        raise InvalidAuthReply(f"{len(raws)} authorizations, over {MAX_AUTHORIZATIONS}")
+    regexes = sum(1 + len(r["channels"] if isinstance(r.get("channels"), list) else ())
+                  for r in raws if isinstance(r, dict))
+    if regexes > MAX_REGEXES:
+        raise InvalidAuthReply(f"{regexes} regexes, over {MAX_REGEXES}")
     auths = []
-    for raw in doc.get("authorizations") or []:
+    for raw in raws:
         if not isinstance(raw, dict):
-            raise InvalidAuthReply(f"an authorization is not an object: {raw!r}")
+            raise InvalidAuthReply(f"an authorization is not an object: {_shown(raw)}")
         perms = raw.get("permissions") or []
+        if not isinstance(perms, list):
+            raise InvalidAuthReply("permissions is not a list")
         for p in perms:
             if p not in PERMISSIONS:
-                raise InvalidAuthReply(f"unknown permission {p}")
+                raise InvalidAuthReply(f"unknown permission {_shown(p)}")
+        channels = raw.get("channels") or []
+        if not isinstance(channels, list):
+            raise InvalidAuthReply("channels is not a list")
         auths.append(Authorization(_compile(raw.get("topic", ""), "topic"),
-                                   tuple(_compile(c, "channel")
-                                         for c in raw.get("channels") or []),
+                                   tuple(_compile(c, "channel") for c in channels),
                                    frozenset(perms)))
     ttl = doc.get("ttl", 0)
     if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl <= 0:
-        raise InvalidAuthReply(f"invalid TTL {ttl} (must be >0)")
-    return AuthState(ttl=ttl, authorizations=auths, identity=str(doc.get("identity") or ""),
-                     identity_url=str(doc.get("identity_url") or ""), expires=now + ttl)
+        raise InvalidAuthReply(f"invalid TTL {_shown(ttl)} (must be >0)")
+    identity = str(doc.get("identity") or "")
+    identity_url = str(doc.get("identity_url") or "")
+    for name, value in (("identity", identity), ("identity_url", identity_url)):
+        if len(value) > MAX_IDENTITY_LENGTH:
+            raise InvalidAuthReply(f"{name} of {len(value)} characters, over "
+                                   f"{MAX_IDENTITY_LENGTH}")
+    return AuthState(ttl=ttl, authorizations=auths, identity=identity,
+                     identity_url=identity_url, expires=now + ttl)
+
+
+def _shown(value: Any, quoted: bool = False) -> str:
+    """A value of the answer as an error names it (a string as it is, unless
+    ``quoted``; anything else as its repr), escaped and cut short."""
+    from .printable import printable
+    return printable(value if isinstance(value, str) and not quoted else repr(value), 80)
 
 
 def _compile(pattern: Any, what: str) -> Any:
     if not isinstance(pattern, str):
-        raise InvalidAuthReply(f"unable to compile {what} {pattern!r}: not a string")
+        raise InvalidAuthReply(f"unable to compile {what} {_shown(pattern, True)}: "
+                               f"not a string")
     try:
         return re2.compile(pattern, _RE2_OPTIONS)
     except re2.error as err:
         reason = err.args[0] if err.args else ""
         reason = reason.decode(errors="replace") if isinstance(reason, bytes) else reason
-        raise InvalidAuthReply(f"unable to compile {what} {pattern!r} {reason}") from None
+        raise InvalidAuthReply(f"unable to compile {what} {_shown(pattern, True)} "
+                               f"{_shown(reason)}") from None
+
+
+_URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]*")
+
+
+def redacted(err: BaseException, secret: str) -> str:
+    """What went wrong asking an auth server, said without the secret: a URL named
+    (aiohttp's errors name the one asked, whose query holds the secret) loses its
+    query, and the secret, however encoded, is replaced, wherever the text came from
+    (an answer that echoes it among them)."""
+    text = str(err) or type(err).__name__
+    text = _URL.sub(lambda m: m.group().split("?", 1)[0].split("#", 1)[0], text)
+    if secret:
+        from .printable import printable
+        forms = {secret, quote(secret), quote_plus(secret), quote(secret, safe=""),
+                 repr(secret)[1:-1], printable(secret, len(secret))}
+        for form in sorted(forms, key=len, reverse=True):
+            text = text.replace(form, "<secret>")
+    return text
 
 
 def auth_url(address: str) -> str:
@@ -160,7 +241,7 @@ class Identity:
 
     remote_ip: str
     tls: bool
-    secret: str
+    secret: str = field(repr=False)
     common_name: str = ""
 
     def form(self) -> dict[str, str]:
@@ -181,7 +262,11 @@ class Authenticator:
     connect_timeout: float = 2.0
     request_timeout: float = 5.0
     clock: Callable[[], float] = time.monotonic
+    max_connections: int = AUTH_CONNECTIONS
+    max_pending_per_address: int = MAX_PENDING_PER_ADDRESS
     _session: Any = None
+    _slots: asyncio.Semaphore | None = None
+    _pending: Counter = field(default_factory=Counter)
 
     @classmethod
     def from_options(cls, options: "Options") -> "Authenticator | None":
@@ -192,7 +277,21 @@ class Authenticator:
                    options.http_client_request_timeout / 1000)
 
     async def query(self, who: Identity) -> AuthState:
-        """Ask the auth servers, a random one first; AuthFailed when none gives a valid answer."""
+        """Ask the auth servers, a random one first; AuthFailed when none gives a valid
+        answer, or at once when ``who``'s address has too many queries pending."""
+        if self._pending[who.remote_ip] >= self.max_pending_per_address:
+            log.warning("AUTH refused for %s: %d AUTHs from it already pending",
+                        who.remote_ip, self._pending[who.remote_ip])
+            raise AuthFailed("AUTH failed")
+        self._pending[who.remote_ip] += 1
+        try:
+            return await self._query(who)
+        finally:
+            self._pending[who.remote_ip] -= 1
+            if not self._pending[who.remote_ip]:
+                del self._pending[who.remote_ip]
+
+    async def _query(self, who: Identity) -> AuthState:
         start = random.randrange(len(self.addresses))
         problems = []
         for i in range(len(self.addresses)):
@@ -200,25 +299,66 @@ class Authenticator:
             try:
                 return await self._query_one(address, who)
             except Exception as err:  # every failure is the same to the client: logged
-                problems.append(f"failed to auth against {address} - {err}")
+                problems.append(f"failed to auth against {address} - "
+                                f"{redacted(err, who.secret)}")
         log.warning("AUTH failed for %s: %s", who.remote_ip, "; ".join(problems))
         raise AuthFailed("AUTH failed")
 
     async def _query_one(self, address: str, who: Identity) -> AuthState:
+        """One query: a turn among ``max_connections`` (waited for at most the request
+        timeout), then the connect timeout and the request timeout, each its own."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_connections)
+        # A timeout of 0 is none, as Go's (and so nsqd's) http client reads it.
+        request_timeout = self.request_timeout or None
+        try:
+            await asyncio.wait_for(self._slots.acquire(), request_timeout)
+        except asyncio.TimeoutError:
+            raise InvalidAuthReply(f"no connection free within {self.request_timeout:g}s "
+                                   f"({self.max_connections} queries pending)") from None
+        try:
+            return await asyncio.wait_for(
+                self._ask(address, who),
+                request_timeout and self.connect_timeout + self.request_timeout)
+        except asyncio.TimeoutError:
+            raise InvalidAuthReply(f"no answer within {self.request_timeout:g}s") from None
+        finally:
+            self._slots.release()
+
+    async def _ask(self, address: str, who: Identity) -> AuthState:
         import aiohttp
 
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(
-                total=self.request_timeout, connect=self.connect_timeout))
+            # The pool is this class's turns (max_connections), so aiohttp's own limit
+            # is off: waiting for a turn never counts against the connect timeout.
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0),
+                timeout=aiohttp.ClientTimeout(total=None,
+                                              sock_connect=self.connect_timeout or None,
+                                              sock_read=self.request_timeout or None))
         url = auth_url(address)
+        # Redirects are not followed: the secret goes to the servers the operator named.
         if self.method == "post":
-            request = self._session.post(url, data=who.form())
+            request = self._session.post(url, data=who.form(), allow_redirects=False)
         else:
-            request = self._session.get(url, params=who.form())
+            request = self._session.get(url, params=who.form(), allow_redirects=False)
+        try:
+            return await self._answer(request)
+        except aiohttp.ConnectionTimeoutError:
+            raise InvalidAuthReply(f"could not connect within {self.connect_timeout:g}s") \
+                from None
+        except aiohttp.SocketTimeoutError:
+            raise InvalidAuthReply(f"no answer within {self.request_timeout:g}s") from None
+
+    async def _answer(self, request: Any) -> AuthState:
         async with request as reply:
-            body = await reply.read()
             if reply.status != 200:
                 raise InvalidAuthReply(f"got response {reply.status}")
+            if (reply.content_length or 0) > MAX_REPLY_BYTES:
+                raise InvalidAuthReply(f"the answer is over {MAX_REPLY_BYTES} bytes")
+            body = await reply.content.read(MAX_REPLY_BYTES + 1)
+            while len(body) <= MAX_REPLY_BYTES and not reply.content.at_eof():
+                body += await reply.content.read(MAX_REPLY_BYTES + 1 - len(body))
         return parse_reply(body, self.clock())
 
     async def close(self) -> None:

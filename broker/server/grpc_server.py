@@ -27,6 +27,7 @@ from ..security.auth import AuthError, Unauthorized
 from ..options import split_listen_address
 from ..security import rules
 from ..security.grpc_auth import principal_of, remote_ip
+from ..security.printable import printable
 from ..stats import ClientIdentity, host_port
 from .limits import STREAM_REPLIES
 
@@ -43,6 +44,15 @@ LEASE_HEARTBEAT_SECONDS = 5.0
 # fewer, larger Arrow batches for the reader; still a few ms of encoding each.
 LEASE_FRAME_MESSAGES = 16384
 LEASE_FRAME_BYTES = 2 << 20
+# Streams (calls) open at once on one HTTP/2 connection (HTTP/2's SETTINGS, so a
+# client's further calls wait on its side): with a consumer stream's buffers, what
+# one connection holds. HTTP/2 asks for no fewer than 100.
+MAX_STREAMS_PER_CONNECTION = 100
+# Bytes of a call's metadata (headers): more is refused with RESOURCE_EXHAUSTED.
+MAX_METADATA_BYTES = 16 << 10
+# Milliseconds a new connection has for its handshake (TLS, HTTP/2's preface and
+# settings); past it grpc-core closes it.
+HANDSHAKE_TIMEOUT_MS = 10_000
 
 
 def status_of(err: BrokerError) -> grpc.StatusCode:
@@ -330,9 +340,10 @@ class BrokerService(pb_grpc.BrokerServicer):
         address, host = peer.partition(":")[2], remote_ip(peer)
         metadata = dict(context.invocation_metadata() or ())
         tls = (context.auth_context() or {}).get("transport_security_type") == [b"ssl"]
-        return ClientIdentity(client_id=client_id or host, hostname=host,
+        # The client's strings escaped once, here: they reach the log and /stats text.
+        return ClientIdentity(client_id=printable(client_id) or host, hostname=host,
                               remote_address=address, version="grpc",
-                              user_agent=str(metadata.get("user-agent", "")), tls=tls,
+                              user_agent=printable(metadata.get("user-agent", "")), tls=tls,
                               authed=bool(self.broker.options.auth_http_addresses))
 
     async def Subscribe(self, request_iterator, context
@@ -434,7 +445,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # a broken client stream
-                log.debug("consumer %s: read failed: %s", consumer.client_id, err)
+                log.debug("consumer %s: read failed: %s", consumer.client_id, printable(err))
             state["done"] = True
             wake.set()
 
@@ -589,7 +600,7 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     # -- leases -----------------------------------------------------------
     async def OpenLeaseSession(self, request, context):
-        session = self.broker.open_lease_session(request.client_id or context.peer(),
+        session = self.broker.open_lease_session(printable(request.client_id) or context.peer(),
                                                  request.session_id, request.grace_ms,
                                                  owner=principal_of(context))
         stream = session.stream
@@ -710,6 +721,10 @@ async def start_grpc_server(broker: Broker, address: str, security=None,
             # nsqd's --max-body-size bounds every request; a larger one is refused
             # (RESOURCE_EXHAUSTED) before it is buffered whole.
             ("grpc.max_receive_message_length", broker.options.max_body_size),
+            ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+            ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+            ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
+            ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
         ])
     try:
         listen = host_port(host, port)

@@ -14,6 +14,7 @@ A request whose ``Host`` the listener does not answer to (DNS rebinding; see
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import socket
@@ -35,8 +36,10 @@ from ..options import parse_duration_ms, split_listen_address
 from ..security import hosts
 from ..security.auth import AuthError, AuthFirst, Unauthorized
 from ..security.hosts import HostPolicy
+from ..security.printable import printable
 from ..stats import host_port
-from .limits import HTTP_IDLE_TIMEOUT
+from .admission import Listener, Ticket, gate_for, serve_accepted, spawn
+from .limits import HTTP_BODY_TIMEOUT, HTTP_IDLE_TIMEOUT, TLS_HANDSHAKE_TIMEOUT
 from .wire import parse_mpub
 
 _SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -82,7 +85,7 @@ def http_error(err: BrokerError) -> HttpError:
 def _json_error(status: int, message: str) -> web.Response:
     response = web.json_response({"message": message}, status=status,
                                  headers={"X-NSQ-Content-Type": "nsq; version=1.0"})
-    if status == 413:
+    if status in (408, 413):
         response.force_close()   # the rest of the body is not read: end the connection
     return response
 
@@ -163,12 +166,26 @@ class _ServerLog:
         self._log = logger
 
     def exception(self, msg: str, *args: Any, exc_info: Any = None, **kw: Any) -> None:
-        if isinstance(exc_info, HttpProcessingError):
+        if isinstance(exc_info, ConnectionError):
+            # The client left mid-request (a slow body it gave up on): its own doing,
+            # one debug line, never a traceback per connection.
+            self._log.debug("HTTP client %s: gone mid-request (%s)",
+                            printable(str(args[0]) if args else "?"), exc_info)
+        elif isinstance(exc_info, HttpProcessingError):
             reason = str(exc_info.message).strip().splitlines()[0] if exc_info.message else ""
             self._log.info("HTTP client %s: bad request (%d): %s",
-                           args[0] if args else "?", exc_info.code, reason[:200])
+                           printable(args[0] if args else "?"), exc_info.code,
+                           printable(reason, 200))
         else:
             self._log.error(msg, *args, exc_info=exc_info or True, **kw)
+
+    def debug(self, msg: str, *args: Any, exc_info: Any = None, **kw: Any) -> None:
+        # aiohttp says a bad method in a connection's first request at debug level, with
+        # its traceback: one line, as every other bad request.
+        if isinstance(exc_info, HttpProcessingError):
+            self.exception(msg, *args, exc_info=exc_info, **kw)
+        else:
+            self._log.debug(msg, *args, exc_info=exc_info, **kw)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._log, name)
@@ -178,6 +195,8 @@ class HttpApi:
     #: Seconds to send a request's headers, from connecting or the last answer
     #: (``limits.HTTP_IDLE_TIMEOUT``).
     idle_timeout = HTTP_IDLE_TIMEOUT
+    #: Seconds for the rest of a request once its headers are in (``limits``).
+    body_timeout = HTTP_BODY_TIMEOUT
 
     def __init__(self, broker: Broker, addresses: dict[str, str], security=None,
                  tls: bool = False) -> None:
@@ -192,8 +211,18 @@ class HttpApi:
                 raise HttpError(403, "HOST_NOT_ALLOWED")
             return await handler(request)
 
+        @web.middleware
+        async def within_body_timeout(request: web.Request, handler) -> web.StreamResponse:
+            # The headers came within idle_timeout; the rest of the request (its body
+            # and the broker's work on it) has body_timeout, or 408 and the end of the
+            # connection: a body sent a byte at a time holds its descriptor no longer.
+            try:
+                return await asyncio.wait_for(handler(request), self.body_timeout)
+            except asyncio.TimeoutError:
+                raise HttpError(408, "REQUEST_TIMEOUT") from None
+
         # _nsqd_answers outermost: it maps the errors of all below it.
-        middlewares = [_nsqd_answers, host_allowed]
+        middlewares = [_nsqd_answers, within_body_timeout, host_allowed]
         if security is not None:
             from ..security.http_auth import security_middleware
             middlewares.append(security_middleware(
@@ -223,6 +252,7 @@ class HttpApi:
             r.add_post(f"/topic/{action}", self._topic_action(action))
             r.add_post(f"/channel/{action}", self._channel_action(action))
         self.runner: web.AppRunner | None = None
+        self.listener: Listener | None = None
         self._metrics = None  # built on the first scrape
 
     # -- handlers ---------------------------------------------------------
@@ -368,18 +398,51 @@ class HttpApi:
                                     keepalive_timeout=self.idle_timeout,
                                     logger=_ServerLog(logging.getLogger("aiohttp.server")))
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host or None, port, reuse_address=True,
-                           reuse_port=reuse_port or None,
-                           ssl_context=self.security.tls_context if self.tls else None)
+        server = self.runner.server
+        assert server is not None
+        tickets: dict[Any, Ticket] = {}
+        lost = server.connection_lost
+
+        def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
+            ticket = tickets.pop(handler, None)
+            if ticket is not None:
+                ticket.release()
+            lost(handler, exc)
+
+        server.connection_lost = connection_lost  # type: ignore[method-assign]
+        ssl = self.security.tls_context if self.tls else None
+
+        async def serve_one(sock: socket.socket, ticket: Ticket) -> None:
+            made: list[Any] = []
+
+            def handler() -> Any:
+                made.append(server())
+                tickets[made[-1]] = ticket
+                return made[-1]
+
+            await serve_accepted(
+                sock, ticket, handler, ssl=ssl,
+                **({"ssl_handshake_timeout": TLS_HANDSHAKE_TIMEOUT} if ssl else {}))
+            if ticket.released:      # a handshake that failed: its handler never ran
+                for h in made:
+                    tickets.pop(h, None)
+
+        def serve(sock: socket.socket, ticket: Ticket) -> None:
+            spawn(serve_one(sock, ticket))
+
         try:
-            await site.start()
+            self.listener = await Listener.start(
+                host or None, port, gate_for(self.broker), "HTTPS" if self.tls else "HTTP",
+                serve, reuse_port=reuse_port)
         except OSError as err:
             await self.runner.cleanup()
             raise OSError(f"cannot listen on {address} (HTTP): {err.strerror}") from None
-        bound = site._server.sockets[0].getsockname()  # type: ignore[union-attr]
-        return host_port(host, bound[1])
+        return host_port(host, self.listener.address()[1])
 
     async def close(self) -> None:
+        if self.listener is not None:
+            await self.listener.close()
+            self.listener = None
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None

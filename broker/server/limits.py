@@ -31,3 +31,10 @@ MAX_UNSENT_BYTES = 4 * 1024 * 1024
 #: connecting or from the broker's last answer on the connection: an idle keep-alive
 #: connection and one sending its headers slowly (or only half) are closed after it.
 HTTP_IDLE_TIMEOUT = 30.0
+#: Seconds an HTTP request has, once its headers are in, for its body and the broker's
+#: answer: past it the client gets 408 ``REQUEST_TIMEOUT`` and the connection is
+#: closed. With the headers' HTTP_IDLE_TIMEOUT, a whole request has at most their sum.
+HTTP_BODY_TIMEOUT = 60.0
+#: Seconds a client has to finish its TLS handshake (HTTPS, and TCP's upgrade after
+#: IDENTIFY); past it the connection is closed.
+TLS_HANDSHAKE_TIMEOUT = 10.0

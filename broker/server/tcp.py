@@ -58,8 +58,10 @@ from ..names import check_topic_name
 from ..options import split_listen_address
 from . import wire
 from ..security.guard import Security
+from ..security.printable import printable
 from ..stats import ClientIdentity, host_port
-from .limits import MAX_UNSENT_BYTES
+from .admission import Listener, Ticket, gate_for, serve_accepted, spawn
+from .limits import MAX_UNSENT_BYTES, TLS_HANDSHAKE_TIMEOUT
 from .wire import (FRAME_RESPONSE, MAGIC_V2, Incomplete, LineTooLong, base10, error_frame,
                    frame, message_id)
 
@@ -138,9 +140,11 @@ class _Wait(Exception):
 
 
 class V2Connection(asyncio.Protocol):
-    def __init__(self, broker: Broker, server: "TcpServer") -> None:
+    def __init__(self, broker: Broker, server: "TcpServer", ticket: Ticket | None = None
+                 ) -> None:
         self.broker = broker
         self.server = server
+        self.ticket = ticket          # its place under the connection caps (admission.py)
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.state = MAGIC
@@ -210,6 +214,8 @@ class V2Connection(asyncio.Protocol):
         log.info("TCP: client(%s) gone%s", self.client_id, f" ({exc})" if exc else "")
         self.state = CLOSED
         self.server.connections.discard(self)
+        if self.ticket is not None:
+            self.ticket.release()
         for timer in (self._heartbeat, self._stuck, self._linger):
             if timer is not None:
                 timer.cancel()
@@ -339,7 +345,8 @@ class V2Connection(asyncio.Protocol):
         err.__traceback__ = err.__context__ = None  # the frames of the refused request go now
         self.send(error_frame(err))
         if err.fatal:
-            log.info("TCP client %s: %s %s", self.client_id, err.code, err.message)
+            log.info("TCP client %s: %s %s", self.client_id, err.code,
+                     printable(err.message, 512))   # names the client sent among it
             self._hang_up()
 
     def _close(self) -> None:
@@ -464,7 +471,7 @@ class V2Connection(asyncio.Protocol):
             self._error(err)
             return
         except Exception as err:
-            log.info("TCP client %s: %s; closing", self.client_id, err)
+            log.info("TCP client %s: %s; closing", self.client_id, printable(err, 512))
             self._waiting = None
             self._hang_up()
             return
@@ -514,8 +521,9 @@ class V2Connection(asyncio.Protocol):
             raise InvalidBody(f"IDENTIFY sample rate ({sample_rate}) is invalid")
         if msg_timeout and not 1000 <= msg_timeout <= opts.max_msg_timeout:
             raise InvalidBody(f"IDENTIFY msg timeout ({msg_timeout}) is invalid")
-        self.client_id = str(data.get("client_id") or self.client_id)
-        self.identified = {key: str(data.get(key) or "")
+        # Escaped here, once: these strings reach the log and /stats text as they are.
+        self.client_id = printable(data.get("client_id") or self.client_id)
+        self.identified = {key: printable(data.get(key) or "")
                            for key in ("client_id", "hostname", "user_agent")}
         if heartbeat:
             self.heartbeat_ms = 0 if heartbeat == -1 else heartbeat
@@ -744,7 +752,8 @@ class V2Connection(asyncio.Protocol):
         self._flush()  # the IDENTIFY answer goes out in plain text, then the handshake
         transport = await self.loop.start_tls(self.transport, self,
                                               self.server.security.tls_context,
-                                              server_side=True, ssl_handshake_timeout=5)
+                                              server_side=True,
+                                              ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT)
         self.transport = transport
         self.reading = True        # the TLS transport reads from the start
         self.tls = True
@@ -781,28 +790,29 @@ class TcpServer:
         self.broker = broker
         self.security = security   # TLS and auth (broker/security), or None
         self.connections: set[V2Connection] = set()
-        self.server: asyncio.AbstractServer | None = None
+        self.listener: Listener | None = None
         # Most a client may have buffered in one unfinished command.
         self.max_pending = broker.options.max_body_size + wire.MAX_LINE + 8
 
     async def start(self, address: str, reuse_port: bool = False) -> str:
         """Listen on ``address``; with ``reuse_port``, beside other processes listening
-        there the same way (``pynsqd --workers``: the kernel spreads connections)."""
+        there the same way (``pynsqd --workers``: the kernel spreads connections).
+        Connections are admitted by the broker's ``ConnectionGate`` (admission.py)."""
         host, port = split_listen_address(address, "tcp-address")
-        loop = asyncio.get_running_loop()
+
+        def serve(sock: socket.socket, ticket: Ticket) -> None:
+            spawn(serve_accepted(sock, ticket, lambda: V2Connection(self.broker, self, ticket)))
+
         try:
-            self.server = await loop.create_server(lambda: V2Connection(self.broker, self),
-                                                   host or None, port, reuse_address=True,
-                                                   reuse_port=reuse_port or None)
+            self.listener = await Listener.start(host or None, port, gate_for(self.broker),
+                                                 "TCP", serve, reuse_port=reuse_port)
         except OSError as err:
             raise OSError(f"cannot listen on {address} (TCP): {err.strerror}") from None
-        bound = self.server.sockets[0].getsockname()
-        return host_port(host, bound[1])
+        return host_port(host, self.listener.address()[1])
 
     async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        if self.listener is not None:
+            await self.listener.close()
             for conn in list(self.connections):
                 conn._close()
-            await self.server.wait_closed()
-            self.server = None
+            self.listener = None
