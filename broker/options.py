@@ -227,7 +227,7 @@ class Options:
         for name in ("mem_queue_size", "max_msg_size", "max_rdy_count", "sync_every",
                      "max_bytes_per_file", "max_body_size", "max_disk_bytes",
                      "max_memory_bytes", "max_attempts", "broadcast_tcp_port",
-                     "broadcast_http_port"):
+                     "broadcast_http_port", "max_connections", "max_connections_per_client"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must not be negative")
         # The gRPC API is the one listener that cannot be off: empty names no address.

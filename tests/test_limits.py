@@ -38,7 +38,7 @@ TESTS = Path(__file__).parent
 REPO = TESTS.parent
 TABLE = TESTS / "LIMITS.md"
 ROW = re.compile(r"^\|([^|]+)\|\s*(-?\d+)\s*\|([^|]+)\|\s*(max|min)\s*\|([^|]+)\|([^|]+)\|\s*$")
-HELD = re.compile(r"^\|\s*([A-Z_]+)\s*\|\s*(\d+(?:\.\d+)?)\s*\|([^|]+)\|([^|]+)\|\s*$")
+HELD = re.compile(r"^\|\s*([A-Za-z_-]+)\s*\|\s*(\d+(?:\.\d+)?)\s*\|([^|]+)\|([^|]+)\|\s*$")
 
 
 def table() -> list[tuple[str, int, str, str, str, str]]:
@@ -426,6 +426,48 @@ def _wire_line(target, n):
     return "a line without its newline was read"
 
 
+# -- the auth server's answer, as parse_reply reads it (a pure function of bytes) ------
+
+def auth_answer(doc: dict, pad_to: int = 0) -> str:
+    from broker.security.auth import InvalidAuthReply, parse_reply
+
+    data = json.dumps(doc).encode()
+    data += b" " * (pad_to - len(data)) if pad_to else b""
+    try:
+        parse_reply(data, 0.0)
+    except InvalidAuthReply:
+        return "InvalidAuthReply"
+    return "OK"
+
+
+@probe("auth answer parser, bytes")
+def _auth_bytes(target, n):
+    return auth_answer({"ttl": 1}, pad_to=n)
+
+
+@probe("auth answer parser, authorizations")
+def _auth_authorizations(target, n):
+    return auth_answer({"ttl": 1, "authorizations": [
+        {"topic": "a", "channels": [], "permissions": ["publish"]}] * n})
+
+
+@probe("auth answer parser, regexes")
+def _auth_regexes(target, n):
+    # One authorization of n - 1 channel regexes and its topic's: n regexes in all.
+    return auth_answer({"ttl": 1, "authorizations": [
+        {"topic": "a", "channels": ["b"] * (n - 1), "permissions": ["subscribe"]}]})
+
+
+@probe("auth answer parser, identity")
+def _auth_identity(target, n):
+    return auth_answer({"ttl": 1, "identity": "x" * n})
+
+
+@probe("auth answer parser, identity_url")
+def _auth_identity_url(target, n):
+    return auth_answer({"ttl": 1, "identity_url": "x" * n})
+
+
 # -- HTTP -----------------------------------------------------------------------------
 
 def http(target, path: str, body: bytes | None = None) -> str:
@@ -544,7 +586,8 @@ def option(name: str, **extra: object) -> Callable:
     return run
 
 
-for _name in ("max_attempts", "node_id", "workers", "broadcast_tcp_port",
+for _name in ("max_connections", "max_connections_per_client",
+              "max_attempts", "node_id", "workers", "broadcast_tcp_port",
               "broadcast_http_port", "mem_queue_size", "max_msg_size", "max_body_size",
               "max_rdy_count", "max_bytes_per_file", "max_disk_bytes", "max_memory_bytes",
               "sync_every", "dedupe_window", "dedupe_capacity", "statsd_interval",
@@ -631,7 +674,7 @@ def test_a_limit_answers_as_documented_one_below_at_and_one_above_its_edge(
     assert run is not None, f"LIMITS.md names the path {path!r}, which has no probe here"
     if getattr(run, "needs_tmp_path", False):
         got = run(None, n, request.getfixturevalue("tmp_path"))
-    elif path.startswith(("options", "spark", "wire")):
+    elif path.startswith(("options", "spark", "wire", "auth")):
         got = run(None, n)
     else:
         got = run(request.getfixturevalue("target"), n)
@@ -643,11 +686,11 @@ def test_a_limit_answers_as_documented_one_below_at_and_one_above_its_edge(
 def product_value(limit: str, path: str, value: int) -> int | None:
     """The product's own value of a row's limit (None: a value the table alone states,
     checked by its edge tests)."""
-    from broker.server import limits, tcp, wire
+    from broker.server import tcp
     from broker.storage import records, segments
 
-    if limit.isupper() and hasattr(limits, limit):   # a bound of broker/server/limits.py
-        return getattr(limits, limit)
+    if limit.isupper():                 # a bound named by its constant
+        return server_constant(limit)
 
     defaults = {f.name.replace("_", "-"): f.default for f in fields(Options)}
     if limit in defaults and isinstance(defaults[limit], int):
@@ -658,8 +701,7 @@ def product_value(limit: str, path: str, value: int) -> int | None:
         if limit == "max-bytes-per-file" and "data-path" in path:
             return segments.MAX_FILE
         return defaults[limit]
-    return {"command line": wire.MAX_LINE,
-            "max-output-buffer-size": tcp.MAX_OUTPUT_BUFFER}.get(limit)
+    return {"max-output-buffer-size": tcp.MAX_OUTPUT_BUFFER}.get(limit)
 
 
 def test_each_rows_value_is_the_products_own():
@@ -681,11 +723,46 @@ def test_every_max_and_min_option_has_a_row():
     assert not missing, f"options that are limits with no row in LIMITS.md: {missing}"
 
 
-def test_every_max_flag_the_readme_names_has_a_row():
+def documentation() -> str:
+    """README.md and docs/*.md, less the sections that say what is not built yet ("What is
+    open"): a flag proposed there is not one the product has."""
     text = (REPO / "README.md").read_text()
     docs = REPO / "docs"
     if docs.is_dir():
         text += "".join(p.read_text() for p in sorted(docs.glob("*.md")))
+    return re.sub(r"^## What is open.*?(?=^## |\Z)", "", text, flags=re.M | re.S)
+
+
+SERVER_MODULES = ("broker.server.limits", "broker.security.auth", "broker.server.grpc_server",
+                  "broker.server.tcp", "broker.server.wire", "broker.server.admission",
+                  "broker.security.printable", "broker.server.http")
+
+
+def server_constant(name: str):
+    """The value of a bound named in the servers' modules (None: no such constant)."""
+    import importlib
+
+    for module_name in SERVER_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        value = getattr(module, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def test_every_constant_the_docs_name_as_a_bound_has_a_row():
+    named = set(re.findall(r"`([A-Z][A-Z0-9_]{3,})`", documentation()))
+    bounds = {name for name in named if server_constant(name) is not None}
+    rows = set(held()) | {limit for limit, *_ in table()}
+    missing = sorted(bounds - rows)
+    assert not missing, f"bounds the docs name with no row in LIMITS.md: {missing}"
+
+
+def test_every_max_flag_the_readme_names_has_a_row():
+    text = documentation()
     flags = {m for m in re.findall(r"--((?:max|min)-[a-z-]+[a-z])", text)}
     named = {limit for limit, *_ in table()}
     # Kept at one value only, refused at any other (README: "accepted at the value pynsqd has").
@@ -731,10 +808,12 @@ def test_every_spark_option_with_a_minimum_has_a_row_at_it():
 
 
 def test_every_bound_of_the_servers_limits_module_has_a_row():
+    from broker.security import auth
     from broker.server import limits
 
-    constants = {name: value for name, value in vars(limits).items()
-                 if name.isupper() and isinstance(value, (int, float))}
+    constants = {name: value for module in (limits, auth) for name, value in vars(module).items()
+                 if name.isupper() and isinstance(value, (int, float))
+                 and not isinstance(value, bool)}
     rows = held()
     edged = {limit for limit, *_ in table()}       # an edge row may name the bound itself
     missing = sorted(set(constants) - set(rows) - edged)
@@ -745,16 +824,14 @@ def test_every_bound_of_the_servers_limits_module_has_a_row():
 
 
 def test_each_held_rows_value_is_the_servers_own_constant():
-    from broker.server import grpc_server, limits, tcp, wire
-
-    modules = (limits, grpc_server, tcp, wire)
+    defaults = {f.name.replace("_", "-"): f.default for f in fields(Options)}
     wrong = []
     for name, (value, _tests) in held().items():
-        owners = [m for m in modules if hasattr(m, name)]
-        if not owners:
-            wrong.append(f"{name}: no such constant in the servers")
-        elif getattr(owners[0], name) != value:
-            wrong.append(f"{name}: table {value}, product {getattr(owners[0], name)}")
+        own = defaults[name] if name in defaults else server_constant(name)
+        if own is None:
+            wrong.append(f"{name}: no such option or constant in the servers")
+        elif own != value:
+            wrong.append(f"{name}: table {value}, product {own}")
     assert not wrong, "\n".join(wrong)
 
 
