@@ -392,3 +392,35 @@ def test_an_empty_tls_required_is_false_and_needs_no_certificate():
         assert c.ping() == "OK"
     with pytest.raises(ValueError, match="tls"):
         Options(tls_required="true")
+
+
+# -- the defaults the documentation states ----------------------------------------------
+
+def documented_defaults() -> dict[str, str]:
+    """option -> the default cell of the Spark source's option table (README or docs/)."""
+    from .test_limits import documentation
+
+    rows = re.findall(r"^\| `([a-zA-Z]+)` \| ([^|]+) \|", documentation(), flags=re.M)
+    return {name: cell.strip() for name, cell in rows}
+
+
+def test_a_spark_source_option_left_out_takes_its_documented_default():
+    from spark_connector.options import ReaderOptions
+
+    parsed = ReaderOptions.parse({"address": "127.0.0.1:4170", "topic": "t", "channel": "c"})
+    stated = documented_defaults()
+    checked = []
+    for name in ReaderOptions.NAMES:
+        cell = stated.get(name, "")
+        number = re.match(r"`?(\d+|true|false)`?(\s|$)", cell)
+        if not number:
+            continue            # required, or a default that is not one value
+        field = re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+        value = getattr(parsed, field)
+        expected = {"true": True, "false": False}.get(number[1], number[1])
+        assert str(value) == str(expected), f"{name}: {value!r}, documented {cell!r}"
+        checked.append(name)
+    assert {"maxMessagesPerTrigger", "maxBytesPerTrigger", "msgTimeoutMs", "numPartitions",
+            "timeoutMs", "lookupdPollIntervalMs", "reconnectTimeoutMs",
+            "failOnDataLoss"} <= set(checked), checked
+    assert parsed.client_id == "" and parsed.max_attempts is None   # the session's, the channel's
