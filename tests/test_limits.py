@@ -413,12 +413,52 @@ def _tcp_line(target, n):
     return tcp(target, (b"PUB " + b"a" * (n - 4), b"x"))
 
 
+def wire_answer(read: Callable[[], object]) -> str:
+    """What the parser does with the bytes: ``OK``, ``Incomplete`` (waits for more) or the
+    error it raises."""
+    from broker.server import wire
+
+    try:
+        read()
+    except wire.Incomplete:
+        return "Incomplete"
+    except (BrokerError, wire.LineTooLong) as err:
+        return type(err).__name__
+    return "OK"
+
+
+@probe("wire MPUB count")
+def _wire_mpub_count(target, n):
+    from broker.server import wire
+
+    # The count alone: a count it takes waits for its messages.
+    return wire_answer(lambda: wire.read_mpub(struct.pack(">i", n), 0, max_msg_size=1 << 20,
+                                              max_body_size=5 << 20))
+
+
+@probe("wire MPUB message awaiting its body")
+def _wire_mpub_awaiting(target, n):
+    from broker.server import wire
+
+    return wire_answer(lambda: wire.read_mpub(struct.pack(">ii", 1, n), 0,
+                                              max_msg_size=1 << 20, max_body_size=5 << 20))
+
+
+@probe("wire IDENTIFY body size")
+def _wire_body_size(target, n):
+    from broker.server import wire
+
+    body = b" " * n
+    return wire_answer(lambda: wire.read_body(b"NOP\n" + struct.pack(">i", n) + body, 4,
+                                              "IDENTIFY", max_size=5 << 20))
+
+
 @probe("wire line awaiting its newline")
 def _wire_line(target, n):
     from broker.server import wire
 
-    try:
-        wire.read_line(b"PUB " + b"a" * (n - 4), 0)
+    try:     # after a line already read: the limit is the line's, not the buffer's
+        wire.read_line(b"NOP\n" + b"PUB " + b"a" * (n - 4), 4)
     except wire.LineTooLong:
         return "LineTooLong"
     except wire.Incomplete:
@@ -701,7 +741,9 @@ def product_value(limit: str, path: str, value: int) -> int | None:
         if limit == "max-bytes-per-file" and "data-path" in path:
             return segments.MAX_FILE
         return defaults[limit]
-    return {"max-output-buffer-size": tcp.MAX_OUTPUT_BUFFER}.get(limit)
+    # An MPUB's count: as many messages as the largest body holds at 5 bytes each.
+    return {"max-output-buffer-size": tcp.MAX_OUTPUT_BUFFER,
+            "MPUB message count": (Options().max_body_size - 4) // 5}.get(limit)
 
 
 def test_each_rows_value_is_the_products_own():
@@ -842,3 +884,12 @@ def test_every_test_a_held_row_names_exists():
                for file, name in NAMED.findall(tests)
                if not (TESTS / file).exists() or name not in collected(TESTS / file)]
     assert not missing, missing
+
+
+def test_an_mpub_refused_for_a_body_over_max_msg_size_names_that_body_not_one_at_it(target):
+    _, c = target
+    limit = Options().max_msg_size
+    with pytest.raises(BrokerError) as refused:
+        c.multi_publish(fresh(), [b"x" * limit, b"y" * (limit + 1)])
+    assert refused.value.code == "E_BAD_MESSAGE"
+    assert f"message 1: body of {limit + 1} bytes" in str(refused.value)

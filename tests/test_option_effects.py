@@ -424,3 +424,13 @@ def test_a_spark_source_option_left_out_takes_its_documented_default():
             "timeoutMs", "lookupdPollIntervalMs", "reconnectTimeoutMs",
             "failOnDataLoss"} <= set(checked), checked
     assert parsed.client_id == "" and parsed.max_attempts is None   # the session's, the channel's
+
+
+def test_a_channel_given_only_its_dead_letter_topic_takes_it_and_keeps_its_max_attempts():
+    with EmbeddedBroker() as b, Client(b.address, timeout=10) as c:
+        c.create_channel("jobs", "work", max_attempts=2)
+        c.create_channel("jobs", "work", dead_letter_topic="jobs.failed")   # attempts: None
+        stats = channel_stats(c, "jobs", "work")
+        assert (stats.max_attempts, stats.dead_letter_topic) == (2, "jobs.failed")
+        c.create_channel("jobs", "fresh", dead_letter_topic="jobs.failed")
+        assert channel_stats(c, "jobs", "fresh").dead_letter_topic == "jobs.failed"
