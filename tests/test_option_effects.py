@@ -434,3 +434,20 @@ def test_a_channel_given_only_its_dead_letter_topic_takes_it_and_keeps_its_max_a
         assert (stats.max_attempts, stats.dead_letter_topic) == (2, "jobs.failed")
         c.create_channel("jobs", "fresh", dead_letter_topic="jobs.failed")
         assert channel_stats(c, "jobs", "fresh").dead_letter_topic == "jobs.failed"
+
+
+def test_changing_only_a_channels_dead_letter_topic_is_a_change_only_an_admin_may_make(guarded):
+    admin = Client(guarded.address, auth_secret="admin", timeout=10)
+    reader = Client(guarded.address, auth_secret="reader", timeout=10)
+    try:
+        admin.create_channel("s-mail", "work", dead_letter_topic="s-mail-failed")
+        with pytest.raises(ClientError, match="AUTH"):
+            reader.create_channel("s-mail", "work", dead_letter_topic="s-elsewhere")
+        status, _ = auth_http(guarded, "/channel/create?topic=s-mail&channel=work"
+                                       "&dead_letter_topic=s-elsewhere", "reader", b"")
+        assert status == 403
+        assert channel_stats(admin, "s-mail", "work").dead_letter_topic == "s-mail-failed"
+        reader.create_channel("s-mail", "work", dead_letter_topic="s-mail-failed")  # the same
+    finally:
+        admin.close()
+        reader.close()
