@@ -227,16 +227,21 @@ class Options:
         for name in ("mem_queue_size", "max_msg_size", "max_rdy_count", "sync_every",
                      "max_bytes_per_file", "max_body_size", "max_disk_bytes",
                      "max_memory_bytes", "max_attempts", "broadcast_tcp_port",
-                     "broadcast_http_port"):
+                     "broadcast_http_port", "max_connections", "max_connections_per_client"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must not be negative")
+        # The gRPC API is the one listener that cannot be off: empty names no address.
         for name in ("grpc_address", "tcp_address", "http_address", "https_address"):
-            if getattr(self, name):
+            if getattr(self, name) or name == "grpc_address":
                 split_listen_address(getattr(self, name), name.replace("_", "-"))
         self.lookupd_tcp_address = _addresses(self.lookupd_tcp_address, "lookupd-tcp-address")
         if self.lookupd_tcp_address and not (self.tcp_address and self.http_address):
             raise ValueError("lookupd-tcp-address needs tcp-address and http-address: "
                              "nsqlookupd registers a broker by its TCP and HTTP ports")
+        from .storage.segments import MIN_FILE
+        if self.max_bytes_per_file < MIN_FILE:   # not rounded up in silence
+            raise ValueError(f"max-bytes-per-file must be at least {MIN_FILE}, "
+                             f"got {self.max_bytes_per_file}")
         for name in ("broadcast_tcp_port", "broadcast_http_port"):
             if getattr(self, name) > 65535:
                 raise ValueError(f"{name.replace('_', '-')} must be a port, 0 to 65535")

@@ -41,16 +41,25 @@ def spark():
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
+    from .spark_helpers import install_start_past_worker_start
+
     # local[2,2]: two threads, and a failed task is retried once (as on a cluster).
-    session = (SparkSession.builder.master("local[2,2]").appName("pynsq-tests")
+    builder = (SparkSession.builder.master("local[2,2]").appName("pynsq-tests")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.sql.streaming.minBatchesToRetain", "5")
                .config("spark.driver.extraJavaOptions", "-Dlog4j.rootLogger=ERROR")
-               # A Python worker started while the host is busy gets a minute, not 15 s,
-               # to connect back to its JVM.
-               .config("spark.python.authenticate.socketTimeout", "60s")
-               .getOrCreate())
+               # A Python worker that connected back while the host is busy gets a minute,
+               # not 15 s, for its handshake. (The 10 s it has to connect back at all, for
+               # the process behind a streaming source, is Spark's own: see spark_helpers.)
+               .config("spark.python.authenticate.socketTimeout", "60s"))
+    try:
+        session = builder.getOrCreate()
+    except Exception as err:        # a JVM that exited at start (a busy host): once more
+        if "JAVA_GATEWAY_EXITED" not in str(err) and "gateway" not in str(err).lower():
+            raise
+        session = builder.getOrCreate()
+    install_start_past_worker_start()
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

@@ -3,10 +3,62 @@ pynsq query whose foreachBatch records what each micro-batch delivered."""
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections import Counter
 from typing import Callable
 
 from broker import Client
+
+from .helpers import wait_for
+
+log = logging.getLogger(__name__)
+
+# Spark starts the Python process behind a Python streaming source on the driver
+# (PythonStreamingSourceRunner) with PythonWorkerFactory.createSimpleWorker, which gives it
+# a fixed 10 s to connect back: neither spark.python.authenticate.socketTimeout (the
+# handshake after it connects) nor spark.python.use.daemon reaches it. The process imports
+# pyspark.sql and pyarrow first (0.4 s of CPU, 2.4 s of wall clock at a load of 10 on 2
+# cores; 8 s seen between its start and the query's sources being made), so a busier host
+# passes the 10 s and the query dies at start, having read nothing, with these words.
+WORKER_NEVER_CONNECTED = ("Python worker failed to connect back",
+                          "Timed out while waiting for the Python worker to connect back")
+STARTS = 3
+
+
+def worker_never_connected(query) -> bool:
+    """The query ended because Spark's Python process never connected back to its JVM."""
+    error = query.exception()
+    return error is not None and any(words in str(error) for words in WORKER_NEVER_CONNECTED)
+
+
+def start_past_worker_start(start: Callable) -> Callable:
+    """``DataStreamWriter.start`` that returns once the query's sources are made (its status
+    leaves "Initializing sources"), starting it again, from the same checkpoint, when it
+    died of Spark's worker start above: before that nothing was read, so the test goes on
+    from the state it meant to start from, and any other failure is the test's own."""
+    @functools.wraps(start)
+    def start_made(self, *args, **kwargs):
+        for attempt in range(1, STARTS + 1):
+            query = start(self, *args, **kwargs)
+            wait_for(lambda: not query.isActive
+                     or query.status["message"] != "Initializing sources",
+                     600, interval=0.05, message="the query's sources to be made")
+            if query.isActive or attempt == STARTS or not worker_never_connected(query):
+                return query
+            log.warning("Spark's Python worker did not connect back within its 10 s "
+                        "(start %d of %d): starting the query again", attempt, STARTS)
+        return query
+    return start_made
+
+
+def install_start_past_worker_start() -> None:
+    """Make every ``writeStream...start()`` of this process wait as above (idempotent)."""
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+    if not getattr(DataStreamWriter.start, "_past_worker_start", False):
+        DataStreamWriter.start = start_past_worker_start(DataStreamWriter.start)
+        DataStreamWriter.start._past_worker_start = True
 
 
 def publish(client: Client, topic: str, n: int, batch: int = 500) -> set[str]:

@@ -268,8 +268,9 @@ def test_what_the_broker_has_is_registered_once_lookupd_comes_up():
         broker.call(broker.broker.create_channel, "early", "c")
         lookupd.start()
         try:
+            # The topic and its channel are two REGISTERs: wait for the one asserted.
             wait_for(lambda: _listed(lookupd, "early", broker), 30, message="early listed")
-            assert "c" in lookupd.channels("early")
+            wait_for(lambda: "c" in lookupd.channels("early"), 30, message="early/c listed")
         finally:
             lookupd.stop()
 
@@ -305,7 +306,8 @@ def test_registration_survives_a_lookupd_restart(lookupd, registered):
     wait_for(lambda: _listed(lookupd, "events", registered), 30,
              message="pynsqd to register again with the restarted nsqlookupd")
     wait_for(lambda: _listed(lookupd, "later", registered), 30, message="later listed")
-    assert "spark" in lookupd.channels("events")
+    wait_for(lambda: "spark" in lookupd.channels("events"), 30,
+             message="events/spark registered again")
 
 
 def test_nsq_tail_reads_from_pynsqd_found_through_lookupd(lookupd, registered):

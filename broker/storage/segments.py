@@ -41,6 +41,9 @@ OFFSET_BITS = 40
 # The largest --max-bytes-per-file: a file may pass it by one append, and every offset
 # in it must fit in OFFSET_BITS.
 MAX_FILE = 1 << (OFFSET_BITS - 1)
+# The smallest --max-bytes-per-file: a file holds at least a record's framing and the
+# STATE record a segment opens with.
+MIN_FILE = 1024
 # A drained topic rolls its current file once it is this big, so the file can be deleted.
 ROLL_WHEN_DRAINED = 1 << 20
 # Bytes read at once when a message waiting on disk comes up.
@@ -72,7 +75,7 @@ class TopicLog:
                  state: Callable[[], bytes]) -> None:
         self.dir = directory
         self.files = files
-        self.max_bytes = max(max_bytes, 1024)
+        self.max_bytes = max(max_bytes, MIN_FILE)
         self.state = state                  # the STATE record a new segment opens with
         self.refs: dict[int, int] = {}
         self.sizes: dict[int, int] = {}     # bytes of each segment on disk

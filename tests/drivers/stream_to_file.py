@@ -64,6 +64,11 @@ def main() -> None:
         builder = builder.config("spark.executorEnv.PYTHONPATH", os.pathsep.join(paths))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+    from tests.spark_helpers import install_start_past_worker_start
+
+    install_start_past_worker_start()    # Spark's fixed 10 s for its worker to connect back
     run(spark, args)
     spark.stop()
 
