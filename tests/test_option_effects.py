@@ -400,7 +400,8 @@ def documented_defaults() -> dict[str, str]:
     """option -> the default cell of the Spark source's option table (README or docs/)."""
     from .test_limits import documentation
 
-    rows = re.findall(r"^\| `([a-zA-Z]+)` \| ([^|]+) \|", documentation(), flags=re.M)
+    rows = re.findall(r"^\| `([a-zA-Z]+)`(?: \(or Kafka's `[a-zA-Z]+`\))? \| ([^|]+) \|",
+                      documentation(), flags=re.M)
     return {name: cell.strip() for name, cell in rows}
 
 
@@ -451,3 +452,51 @@ def test_changing_only_a_channels_dead_letter_topic_is_a_change_only_an_admin_ma
     finally:
         admin.close()
         reader.close()
+
+
+# -- the options added for Kafka users and for the writers' replays -----------------------
+
+def test_min_messages_per_trigger_0_makes_a_batch_of_one_and_max_trigger_delay_0_holds_none_back():
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from .test_connector_calls import reader_of
+
+    with EmbeddedBroker() as b, Client(b.address, timeout=10) as client:
+        eager = reader_of(b.address, minMessagesPerTrigger="0", channel="eager")
+        undelayed = reader_of(b.address, minMessagesPerTrigger="50", maxTriggerDelay="0",
+                              channel="undelayed")
+        try:
+            starts = eager.initialOffset(), undelayed.initialOffset()
+            client.publish("events", b"one")
+            for reader, start in zip((eager, undelayed), starts):
+                batch = reader.latestOffset(start, ReadMaxRows(1000))
+                assert sum(lease["count"] for lease in batch["leases"].values()) == 1
+        finally:
+            eager.stop()
+            undelayed.stop()
+
+
+def test_the_writers_reconnect_timeout_is_the_one_given_to_pub_to_topic_and_the_sink(spark):
+    from spark_connector import pub_to_topic
+
+    from .helpers import free_port
+
+    silent = f"127.0.0.1:{free_port()}"     # nothing listens there
+    df = spark.createDataFrame([("x",)], "body STRING")
+    with pytest.raises(Exception, match=r"reconnectTimeoutMs \(300 ms\)"):
+        pub_to_topic(silent, "t", reconnect_timeout_ms=300)(df, 0)
+    with pytest.raises(Exception, match=r"reconnectTimeoutMs \(400 ms\)"):
+        (df.write.format("pynsq").option("address", silent).option("topic", "t")
+         .option("reconnectTimeoutMs", "400").mode("append").save())
+
+
+def test_the_sinks_delivery_is_read_into_its_own_field_and_exactly_once_by_default():
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from spark_connector.writer import WriterOptions
+
+    schema = StructType([StructField("body", StringType())])
+    given = {"address": "127.0.0.1:4170", "topic": "t"}
+    assert WriterOptions.parse(given, schema).delivery == "exactly-once"
+    assert WriterOptions.parse({**given, "delivery": "at-least-once"},
+                               schema).delivery == "at-least-once"
