@@ -221,7 +221,7 @@ def main() -> None:
         if case not in CASES:
             parser.error(f"--cases: {case!r} is none of {', '.join(CASES)}")
         results[case] = count(case, args.messages, args.keep)
-        unit = "PUB" if case == "pub" else "message"
+        unit = "PUB" if case.startswith("pub") else "message"
         print(f"{case:12} {results[case]:>13,} instructions  "
               f"{results[case] / args.messages:>9,.0f} per {unit}", flush=True)
     for protocol in ("grpc", "tcp"):
