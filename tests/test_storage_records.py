@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from broker.message import id_run, raw_id_run
-from broker.storage import records, segments
+from broker.storage import fileops, records, segments
 from broker.storage.replay import Replay
 from broker.storage.segments import Reader, location
 
@@ -450,6 +450,37 @@ def test_a_publish_encoded_in_one_pass_is_byte_for_byte_one_pub_record_per_messa
                       for i, ts, body, at, exp in zip(ids, stamps, bodies, deliver_ats, expiries)]
         assert data == b"".join(one_by_one)
         assert starts == [sum(len(r) for r in one_by_one[:k]) for k in range(6)]
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_a_publish_made_under_a_key_is_byte_for_byte_the_publish_sealed_with_it(count):
+    raw = raw_id_run(0x1234_5678_9abc_def0, count)
+    bodies = [bytes([65 + i]) * (i + 1) for i in range(count)]
+    key = records.new_key()
+    plain, starts = records.publish(raw, 1_000, bodies, None, [9_000] * count, False)
+    keyed, keyed_starts = records.publish(raw, 1_000, bodies, None, [9_000] * count, False,
+                                          key)
+    assert keyed == records.seal(plain, key) and keyed_starts == starts
+    assert records.dedupe(b"entry", key) == records.seal(records.dedupe(b"entry"), key)
+    assert [r.kind for r in records.scan(keyed, "log", key=key)] == (
+        [records.PUB] if count == 1 else [records.BATCH])
+
+
+def test_a_publish_to_a_log_that_rolls_to_a_new_file_is_checked_under_the_new_files_key(
+        tmp_path):
+    topic_log = segments.TopicLog(tmp_path, 1024, fileops.current, lambda: b"")
+    topic_log.start_appending()
+    first_key = topic_log.key
+    locs = []
+    for i in range(40):  # 40 PUBs of 100 B: past 1 KiB, the log rolls on
+        raw = raw_id_run(1_000 + i, 1)
+        data, _ = records.publish(raw, i, [bytes([i]) * 100], None, None, False,
+                                  topic_log.key)
+        locs.append(topic_log.append(data, raw, topic_log.key))
+    assert topic_log.key != first_key and segments.segment_of(locs[-1]) > 1
+    msgs = topic_log.read_many(locs)
+    assert [m.body for m in msgs] == [bytes([i]) * 100 for i in range(40)]
+    topic_log.close()
 
 
 def test_replay_time_grows_with_the_log_not_with_deletes_times_backlog():

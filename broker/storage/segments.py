@@ -162,14 +162,18 @@ class TopicLog:
                               "will skip the torn record)", self.dir, err)
             raise
 
-    def append(self, data: bytes, ids: bytes | None = None) -> int:
-        """Write ``data`` (whole records; ``ids``: of the messages it publishes, 8 bytes
-        each) in one go; return the location where it starts."""
+    def append(self, data: bytes, ids: bytes | None = None, key: int = 0) -> int:
+        """Write ``data`` (whole records, checked under ``key``: the current file's
+        ``self.key``, or 0 for none; ``ids``: of the messages it publishes, 8 bytes each)
+        in one go, checked under the key of the file it goes to; return the location
+        where it starts."""
         if self._size and self._size + len(data) > self.max_bytes:
             self._roll(self.current + 1, int.from_bytes(ids[:8], "big") if ids else None)
+        if key != self.key:  # (a check XOR key XOR self.key is the check XOR self.key)
+            data = records.seal(data, key ^ self.key)
         offset = self._size
         try:
-            self._write_all(self._fd, offset, records.seal(data, self.key))
+            self._write_all(self._fd, offset, data)
         finally:
             self._size = self.sizes[self.current] = self.files.size(self._fd)
         self.dirty = True

@@ -387,13 +387,17 @@ class DiskStore(Store):
         deliver_ats = [now_ns + d * 1_000_000 if d else 0 for d in defers] if any(defers) \
             else None
         # An MPUB's messages under one checksum: message i is at its record's location + i.
+        # Made under the file's key (no pass to seal them); what was queued is sealed.
+        key = topic_log.key
         data, runs = records.publish(run.raw_ids, run.timestamp, run.bodies, deliver_ats,
-                                     expires if expires and any(expires) else None, held)
+                                     expires if expires and any(expires) else None, held,
+                                     key)
         queued, prefix = self._encode_queued(topic.name)
         try:
-            loc = topic_log.append(b"".join((prefix, data, records.dedupe(producer)
+            loc = topic_log.append(b"".join((records.seal(prefix, key) if prefix else b"",
+                                             data, records.dedupe(producer, key)
                                              if producer is not None else b"")),
-                                   run.raw_ids)
+                                   run.raw_ids, key)
         except OSError as err:
             log.error("%s: a publish could not be written: %s", topic_log.dir, err)
             raise StorageFailed(f"PUB to {topic.name} failed: the data path could not take "
