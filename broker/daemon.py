@@ -126,8 +126,9 @@ def options_from_args(args: argparse.Namespace) -> Options:
 def raise_open_file_limit() -> int:
     """Raise the soft RLIMIT_NOFILE to the hard limit (as Go programs such as nsqd
     do), so each client's socket does not run into a default of 1024. Returns the
-    soft limit in force. When ``accept`` still fails at the limit, asyncio logs
-    it, retries a moment later, and every connected client keeps being served."""
+    soft limit in force. The connection caps (``server/admission.py``) keep clients
+    below it with a reserve for serving; when ``accept`` still fails at the limit, the
+    listener backs off and every connected client keeps being served."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
     if soft == resource.RLIM_INFINITY or soft >= target:

@@ -13,21 +13,9 @@ import pytest
 
 from spark_connector import compat, pub_to_topic
 
-from .spark_helpers import channel_stats
+from .test_spark_writers import drain
 
 ROWS = 120
-
-
-def drain(client, topic: str, channel: str = "check") -> Counter:
-    bodies: Counter = Counter()
-    depth = channel_stats(client, topic, channel).depth
-    with client.subscribe(topic, channel, rdy=1000) as sub:
-        while sum(bodies.values()) < depth:
-            msg = sub.get(timeout=10)
-            assert msg is not None, f"got {sum(bodies.values())} of {depth}"
-            bodies[msg.body] += 1
-            sub.fin(msg.id)
-    return bodies
 
 
 def file_stream(spark, folder):
