@@ -20,7 +20,7 @@ from .clock import Clock
 from .consumer import Consumer
 from .dedupe import Deduplicator, content_digest
 from .errors import (InvalidMessage, InvalidRequest, LeaseNotFound, MessageTooBig,
-                     StorageFailed, TopicNotFound, WrongBroker)
+                     StorageFailed, TooManyTopics, TopicNotFound, WrongBroker)
 from .lease import (RESERVE_STEP_BYTES, Lease, LeaseJournal, LeaseSession, RememberedLease,
                     Reservation)
 from .message import IdFactory, Message, Published
@@ -551,12 +551,22 @@ class Broker:
         check_channel_name(channel)
         return self.topic(topic).channel(channel)
 
-    def get_or_create_topic(self, name: str, ttl_ms: int = 0) -> Topic:
+    def get_or_create_topic(self, name: str, ttl_ms: int = 0, *, bounded: bool = True
+                            ) -> Topic:
         """The topic ``name``, made if need be (with ``ttl_ms`` as its ttl, written with
-        it: a topic made is made with its settings, or not at all)."""
+        it: a topic made is made with its settings, or not at all).
+
+        A client's topic is refused past ``--max-topics``; ``bounded=False`` is for the
+        broker's own (a restart restoring what it accepted, a dead-letter topic), which
+        must not fail for a count a client reached."""
         t = self.topics.get(name)
         if t is None:
             check_topic_name(name)
+            most = self.options.max_topics
+            if bounded and most and len(self.topics) >= most:
+                raise TooManyTopics(f"topic {name} not made: the broker has {len(self.topics)} "
+                                    f"topics, the most --max-topics allows (delete topics, or "
+                                    f"raise --max-topics)")
             t = Topic(self, name)
             t.ttl_ms = ttl_ms
             self.storage.topic_created(t)

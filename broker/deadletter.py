@@ -165,7 +165,9 @@ def remove(channel: "Channel", msg: Message, reason: str) -> bool:
         broker = channel.topic.broker
         copy = Message(msg.id, msg.body, msg.timestamp)
         try:
-            topic = broker.get_or_create_topic(target)
+            # Not bounded by --max-topics: a message failing is no client making topics,
+            # and one refused here would stay in its channel, retried forever.
+            topic = broker.get_or_create_topic(target, bounded=False)
             run = Published.of(copy)
             broker.storage.published(topic, run, [])
         except BrokerError as err:

@@ -165,6 +165,21 @@ class AdminFailed(StorageFailed):
     code = "E_STORAGE_FAILED"
 
 
+class LimitReached(BrokerError):
+    """A topic or channel past ``--max-topics`` or ``--max-channels-per-topic``: not
+    made, nothing else changed; it can be made once others are deleted."""
+
+    code = "E_LIMIT_REACHED"
+
+
+class TooManyTopics(LimitReached):
+    code = "E_TOO_MANY_TOPICS"
+
+
+class TooManyChannels(LimitReached):
+    code = "E_TOO_MANY_CHANNELS"
+
+
 class QueueFull(StorageFailed):
     """Without ``--data-path``: the queued messages would pass ``--max-memory-bytes``."""
 

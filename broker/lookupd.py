@@ -40,6 +40,8 @@ PING = b"PING\n"
 RESPONSE_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 5.0
 SIZE = struct.Struct(">i")
+# Largest response frame read from nsqlookupd (its answers are "OK" or a short error):
+# a frame declared larger closes the connection before any of it is buffered.
 MAX_RESPONSE = 1 << 20
 
 
@@ -91,8 +93,11 @@ def parse_response(buffer: bytes) -> tuple[bytes | None, int]:
     if len(buffer) < 4:
         return None, 0
     (size,) = SIZE.unpack_from(buffer, 0)
-    if size < 0 or size > MAX_RESPONSE:
+    if size < 0:
         raise LookupdError(f"bad response size {size} from nsqlookupd")
+    if size > MAX_RESPONSE:
+        raise LookupdError(f"response of {size} bytes from nsqlookupd, over the largest "
+                           f"{MAX_RESPONSE} (MAX_RESPONSE)")
     if len(buffer) < 4 + size:
         return None, 0
     return bytes(buffer[4:4 + size]), 4 + size

@@ -123,6 +123,10 @@ class Options:
     max_connections_per_client: int = _opt(0, "most TCP and HTTP(S) connections open at once "
                                                "from one client address (0: half of "
                                                "--max-connections)")
+    max_topics: int = _opt(10_000, "most topics at once; one more is refused at creation "
+                                   "(0: no limit)")
+    max_channels_per_topic: int = _opt(5_000, "most channels of one topic at once; one more "
+                                              "is refused at creation (0: no limit)")
     log_level: str = _opt("info", "debug, info, warning or error")
     event_loop: str = _opt("asyncio", "pynsqd's event loop: asyncio, uvloop (if installed), "
                            "or auto (uvloop when installed, else asyncio)")
@@ -227,7 +231,8 @@ class Options:
         for name in ("mem_queue_size", "max_msg_size", "max_rdy_count", "sync_every",
                      "max_bytes_per_file", "max_body_size", "max_disk_bytes",
                      "max_memory_bytes", "max_attempts", "broadcast_tcp_port",
-                     "broadcast_http_port", "max_connections", "max_connections_per_client"):
+                     "broadcast_http_port", "max_connections", "max_connections_per_client",
+                     "max_topics", "max_channels_per_topic"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must not be negative")
         # The gRPC API is the one listener that cannot be off: empty names no address.

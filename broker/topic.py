@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 from .backlog import Backlog, OnDisk
 from .channel import Channel
 from .deferred import Deferred
-from .errors import ChannelNotFound
+from .errors import ChannelNotFound, TooManyChannels
 from .message import Message, Published
 from .names import check_channel_name, is_ephemeral
 from .stats import LatencySample, TopicStats
@@ -163,10 +163,18 @@ class Topic:
         except KeyError:
             raise ChannelNotFound(f"channel {self.name}/{name} does not exist") from None
 
-    def get_or_create_channel(self, name: str) -> Channel:
+    def get_or_create_channel(self, name: str, *, bounded: bool = True) -> Channel:
+        """The channel ``name``, made if need be: past ``--max-channels-per-topic`` a
+        client's is refused (``bounded=False``: a restart restoring what it accepted)."""
         channel = self.channels.get(name)
         if channel is None:
             check_channel_name(name)
+            most = self.broker.options.max_channels_per_topic
+            if bounded and most and len(self.channels) >= most:
+                raise TooManyChannels(
+                    f"channel {self.name}/{name} not made: topic {self.name} has "
+                    f"{len(self.channels)} channels, the most --max-channels-per-topic allows "
+                    f"(delete channels, or raise --max-channels-per-topic)")
             channel = Channel(self, name)
             self._store.channel_created(channel)  # written first, or nothing changes
             self.channels[name] = channel

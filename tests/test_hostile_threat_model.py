@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from broker import lookupd
 from broker.options import Options
 from broker.security import auth, printable
 from broker.server import admission, grpc_server, limits, wire
@@ -67,7 +68,7 @@ def test_each_row_names_a_test_that_exists_or_says_open(row):
 @pytest.mark.parametrize("row", rows(), ids=_row_id)
 def test_each_bound_a_row_names_is_a_constant_or_an_option_of_the_broker(row):
     text = row["bound"] + " " + row["at the bound"]
-    modules = (limits, admission, auth, printable, wire, grpc_server)
+    modules = (limits, admission, auth, printable, wire, grpc_server, lookupd)
     for name in _CONSTANT.findall(row["bound"]):     # (the answers are nsqd's codes)
         assert any(hasattr(m, name) for m in modules), f"no constant {name}"
     flags = {f.name.replace("_", "-") for f in fields(Options)}

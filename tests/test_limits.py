@@ -508,6 +508,20 @@ def _auth_identity_url(target, n):
     return auth_answer({"ttl": 1, "identity_url": "x" * n})
 
 
+# -- nsqlookupd's answers (broker/lookupd.py's reader, a pure function of bytes) --------
+
+@probe("lookupd response frame size")
+def _lookupd_frame(target, n):
+    from broker.lookupd import LookupdError, parse_response
+
+    try:
+        response, used = parse_response(struct.pack(">i", n) + b"x" * n)
+    except LookupdError:
+        return "LookupdError"
+    assert (len(response), used) == (n, n + 4)
+    return "OK"
+
+
 # -- HTTP -----------------------------------------------------------------------------
 
 def http(target, path: str, body: bytes | None = None) -> str:
@@ -573,6 +587,62 @@ def _http_ttl(target, n):
     return http(target, f"/topic/create?topic={fresh()}&ttl={n}ms")
 
 
+# -- topics and channels counted: a broker of its own, filled to the count -------------
+
+@pytest.fixture(scope="module")
+def crowded():
+    """A broker at its defaults whose topics (or one topic's channels) a probe fills through
+    the core to the count before its own, kept apart so the other probes' topics stay few."""
+    with EmbeddedBroker() as b:
+        c = Client(b.address, timeout=30)
+        yield b, c
+        c.close()
+
+
+def _fill_topics(core, count: int) -> None:
+    fill = sorted(name for name in core.topics if name.startswith("fill"))
+    while len(core.topics) > count and fill:
+        core.delete_topic(fill.pop())
+    while len(core.topics) < count:
+        core.create_topic(fresh("fill"))
+
+
+def _fill_channels(core, count: int) -> None:
+    _fill_topics(core, 0)       # the topic probes' fill goes: "crowd" is one topic more
+    topic = core.create_topic("crowd")
+    fill = sorted(name for name in topic.channels if name.startswith("fill"))
+    while len(topic.channels) > count and fill:
+        topic.delete_channel(fill.pop())
+    while len(topic.channels) < count:
+        core.create_channel("crowd", fresh("fill"))
+
+
+def counted(fill: Callable) -> Callable:
+    """A probe that makes the ``n``th topic (or channel of ``crowd``) along its path."""
+    def wrap(make: Callable) -> Callable:
+        def run(target, n):
+            b, _ = target
+            b.call(fill, b.broker, n - 1)
+            return make(target)
+        run.needs_crowded = True
+        return run
+    return wrap
+
+
+PROBES["grpc CreateTopic, one more topic"] = counted(_fill_topics)(
+    lambda t: grpc_answer(lambda: t[1].create_topic(fresh())))
+PROBES["tcp PUB, one more topic"] = counted(_fill_topics)(
+    lambda t: tcp(t, (f"PUB {fresh()}", b"x")))
+PROBES["http /topic/create, one more topic"] = counted(_fill_topics)(
+    lambda t: http(t, f"/topic/create?topic={fresh()}"))
+PROBES["grpc CreateChannel, one more channel"] = counted(_fill_channels)(
+    lambda t: grpc_answer(lambda: t[1].create_channel("crowd", fresh("c"))))
+PROBES["tcp SUB, one more channel"] = counted(_fill_channels)(
+    lambda t: tcp(t, (f"SUB crowd {fresh('c')}", None)))
+PROBES["http /channel/create, one more channel"] = counted(_fill_channels)(
+    lambda t: http(t, f"/channel/create?topic=crowd&channel={fresh('c')}"))
+
+
 # -- the CLI (in-process, its entry point) --------------------------------------------
 
 def cli(*argv: str) -> str:
@@ -626,7 +696,8 @@ def option(name: str, **extra: object) -> Callable:
     return run
 
 
-for _name in ("max_connections", "max_connections_per_client",
+for _name in ("max_connections", "max_connections_per_client", "max_topics",
+              "max_channels_per_topic",
               "max_attempts", "node_id", "workers", "broadcast_tcp_port",
               "broadcast_http_port", "mem_queue_size", "max_msg_size", "max_body_size",
               "max_rdy_count", "max_bytes_per_file", "max_disk_bytes", "max_memory_bytes",
@@ -712,9 +783,11 @@ def test_a_limit_answers_as_documented_one_below_at_and_one_above_its_edge(
         request, limit, path, n, answer):
     run = PROBES.get(path)
     assert run is not None, f"LIMITS.md names the path {path!r}, which has no probe here"
-    if getattr(run, "needs_tmp_path", False):
+    if getattr(run, "needs_crowded", False):
+        got = run(request.getfixturevalue("crowded"), n)
+    elif getattr(run, "needs_tmp_path", False):
         got = run(None, n, request.getfixturevalue("tmp_path"))
-    elif path.startswith(("options", "spark", "wire", "auth")):
+    elif path.startswith(("options", "spark", "wire", "auth", "lookupd")):
         got = run(None, n)
     else:
         got = run(request.getfixturevalue("target"), n)
@@ -777,7 +850,7 @@ def documentation() -> str:
 
 SERVER_MODULES = ("broker.server.limits", "broker.security.auth", "broker.server.grpc_server",
                   "broker.server.tcp", "broker.server.wire", "broker.server.admission",
-                  "broker.security.printable", "broker.server.http")
+                  "broker.security.printable", "broker.server.http", "broker.lookupd")
 
 
 def server_constant(name: str):

@@ -72,11 +72,13 @@ class LookupV1Server:
     ``drop`` closes the connections it has; with ``refuse`` set it closes each new one
     at once."""
 
-    def __init__(self, port: int = 0, answers: dict[bytes, bytes] | None = None) -> None:
+    def __init__(self, port: int = 0, answers: dict[bytes, bytes] | None = None,
+                 frames: dict[bytes, bytes] | None = None) -> None:
         self.sock = socket.create_server(("127.0.0.1", port))
         self.address = "127.0.0.1:%d" % self.sock.getsockname()[1]
         self.received: list[tuple[float, bytes]] = []
         self.answers = answers or {}
+        self.frames = frames or {}   # verb -> raw bytes sent once instead of a framed answer
         self.identified: dict = {}    # the last IDENTIFY's body
         self.refuse = False
         self._conns: list[socket.socket] = []
@@ -119,7 +121,11 @@ class LookupV1Server:
                 if line.startswith(b"IDENTIFY"):
                     self.identified = json.loads(
                         reader.read(int.from_bytes(reader.read(4), "big")))
-                answer = self.answers.get(line.split()[0], b"OK")
+                verb = line.split()[0]
+                if verb in self.frames:
+                    conn.sendall(self.frames.pop(verb))
+                    continue
+                answer = self.answers.get(verb, b"OK")
                 conn.sendall(len(answer).to_bytes(4, "big") + answer)
         except OSError:
             pass
@@ -195,6 +201,29 @@ def test_a_refused_identify_is_logged_with_the_answer_and_nothing_is_registered(
     assert delays[:3] == [0.25, 0.5, 1.0]
     assert (f"nsqlookupd {server.address}: connection lost (IDENTIFY refused: "
             f"E_BAD_BODY version missing); reconnecting") in caplog.messages
+
+
+def test_a_frame_declared_over_its_bound_closes_the_connection_logs_once_and_reconnects(
+        monkeypatch, caplog):
+    """A hostile nsqlookupd answers a PING with a frame that says it is 2 GiB long (and
+    sends 64 KiB of it): the broker reads no further, closes that connection with one
+    line naming the size, and registers again on a new connection."""
+    declared = 2**31 - 1
+    server = LookupV1Server(frames={b"PING": declared.to_bytes(4, "big") + b"x" * 65536})
+    monkeypatch.setattr(lookupd_module, "NSQD_TIMING", Timing(ping_interval=0.05))
+    try:
+        with EmbeddedBroker(lookupd_tcp_address=(server.address,),
+                            broadcast_address="127.0.0.1") as broker:
+            broker.call(broker.broker.create_channel, "events", "spark")
+            wait_for(lambda: server.commands().count(b"REGISTER events spark") >= 2, 10,
+                     message="the registration on a new connection")
+    finally:
+        server.close()
+    lost = [m for m in caplog.messages if "connection lost" in m]
+    assert lost == [f"nsqlookupd {server.address}: connection lost (response of {declared} "
+                    f"bytes from nsqlookupd, over the largest {lookupd_module.MAX_RESPONSE} "
+                    f"(MAX_RESPONSE)); reconnecting"], lost
+    assert server.commands().count(b"IDENTIFY") == 2
 
 
 def test_reconnect_delays_double_up_to_the_most_and_start_over_once_registered(monkeypatch):

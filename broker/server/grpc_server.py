@@ -21,7 +21,8 @@ from ..api import broker_pb2_grpc as pb_grpc
 from ..consumer import Consumer
 from ..core import Broker
 from ..errors import (ERROR_CODE_METADATA, BrokerError, ChannelNotFound, Conflict, InvalidBody,
-                      InvalidRequest, NotFound, NotInFlight, StorageFailed, Unavailable)
+                      InvalidRequest, LimitReached, NotFound, NotInFlight, StorageFailed,
+                      Unavailable)
 from ..message import Message
 from ..security.auth import AuthError, Unauthorized
 from ..options import split_listen_address
@@ -67,7 +68,7 @@ def status_of(err: BrokerError) -> grpc.StatusCode:
         return grpc.StatusCode.FAILED_PRECONDITION
     if isinstance(err, Unavailable):
         return grpc.StatusCode.UNAVAILABLE
-    if isinstance(err, StorageFailed):
+    if isinstance(err, (StorageFailed, LimitReached)):
         return grpc.StatusCode.RESOURCE_EXHAUSTED
     return grpc.StatusCode.INVALID_ARGUMENT      # Invalid, and anything else refused
 

@@ -30,7 +30,8 @@ from .. import __version__
 from ..core import Broker
 from ..errors import (AdminFailed, BodyTooBig, BrokerError, ChannelNotFound, InvalidBody,
                       InvalidChannel, InvalidMessage, InvalidRequest, InvalidTopic,
-                      MessageTooBig, NotFound, StorageFailed, TopicNotFound, Unavailable)
+                      LimitReached, MessageTooBig, NotFound, StorageFailed, TooManyChannels,
+                      TooManyTopics, TopicNotFound, Unavailable)
 from ..names import is_valid_name
 from ..options import parse_duration_ms, split_listen_address
 from ..security import hosts
@@ -67,6 +68,8 @@ _HTTP_ERRORS: tuple[tuple[type[BrokerError], int, str], ...] = (
     (ChannelNotFound, 404, "CHANNEL_NOT_FOUND"),
     (NotFound, 404, "NOT_FOUND"),
     (Unavailable, 503, "EXITING"),
+    (TooManyTopics, 400, "TOO_MANY_TOPICS"),
+    (TooManyChannels, 400, "TOO_MANY_CHANNELS"),
     (AdminFailed, 500, "STORAGE_FAILED"),
     (StorageFailed, 500, "PUB_FAILED"),
     (AuthFirst, 401, "E_AUTH_FIRST"),
@@ -82,8 +85,9 @@ def http_error(err: BrokerError) -> HttpError:
     return HttpError(400, "INVALID_REQUEST")
 
 
-def _json_error(status: int, message: str) -> web.Response:
-    response = web.json_response({"message": message}, status=status,
+def _json_error(status: int, message: str, detail: str | None = None) -> web.Response:
+    body = {"message": message} if detail is None else {"message": message, "error": detail}
+    response = web.json_response(body, status=status,
                                  headers={"X-NSQ-Content-Type": "nsq; version=1.0"})
     if status in (408, 413):
         response.force_close()   # the rest of the body is not read: end the connection
@@ -113,7 +117,9 @@ async def _nsqd_answers(request: web.Request,
         return _json_error(err.status, err.message)
     except BrokerError as err:
         mapped = http_error(err)
-        return _json_error(mapped.status, mapped.message)
+        # A count the operator set: the sentence names the option (nsqd's message stays a code).
+        detail = str(err) if isinstance(err, LimitReached) else None
+        return _json_error(mapped.status, mapped.message, detail)
     except web.HTTPMethodNotAllowed:
         return _json_error(405, "METHOD_NOT_ALLOWED")
     except web.HTTPNotFound:

@@ -52,7 +52,7 @@ from .. import __version__
 from ..consumer import Consumer
 from ..core import Broker
 from ..errors import (AuthDisabled, BodyTooBig, BrokerError, Invalid, InvalidBody,
-                      InvalidRequest)
+                      InvalidRequest, LimitReached)
 from ..message import Message
 from ..names import check_topic_name
 from ..options import split_listen_address
@@ -686,7 +686,7 @@ class V2Connection(asyncio.Protocol):
         try:
             self.broker.multi_publish(topic, bodies, defer_ms=[defer_ms] * len(bodies)
                                       if defer_ms else ())
-        except Invalid:
+        except (Invalid, LimitReached):    # its own code: E_TOO_MANY_TOPICS names the limit
             raise
         except BrokerError as err:   # the broker is exiting: nsqd's E_PUB_FAILED and kin
             failed = BrokerError(f"{name} failed {err.message}")

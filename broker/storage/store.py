@@ -1103,10 +1103,10 @@ class DiskStore(Store):
         logged.channels = {c: replay.paused.get(c, False) for c in replay.channels}
         logged.config = {c: data for c, data in replay.config.items()
                          if not c or c in replay.channels}
-        topic = self.broker.get_or_create_topic(name)
+        topic = self.broker.get_or_create_topic(name, bounded=False)  # accepted once: kept
         topic.paused = replay.topic_paused
         for channel_name in replay.channels:
-            channel = topic.get_or_create_channel(channel_name)
+            channel = topic.get_or_create_channel(channel_name, bounded=False)
             channel.paused = logged.channels[channel_name]
         for channel_name, data in logged.config.items():
             deadletter.restore_settings(topic, topic.channels.get(channel_name) if channel_name
