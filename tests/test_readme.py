@@ -51,7 +51,7 @@ def run_page(blocks: list[readmekit.Block], workdir: Path, request, monkeypatch,
             except Exception as err:
                 if "xfail" in block.marks:
                     continue
-                raise readmekit.BlockFailed(f"{block.id} failed: {err}") from err
+                raise readmekit.BlockFailed(f"{block.id} failed: {err}{_logs(workdir)}") from err
             if "xfail" in block.marks:
                 raise readmekit.BlockFailed(f"{block.id} passed, but is marked xfail: "
                                             f"{block.marks['xfail']}")
@@ -63,6 +63,16 @@ def run_page(blocks: list[readmekit.Block], workdir: Path, request, monkeypatch,
             _forget_checkpoints(namespace)
     assert not stuck, f"the page left these running (say how to stop them): {stuck}"
     return skipped
+
+
+def _logs(workdir: Path, lines: int = 40) -> str:
+    """The end of each log the page's daemons wrote (``2> pynsqd.log``): why a broker a
+    later block needed was gone."""
+    parts = []
+    for log in sorted(workdir.glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"\n--- the end of {log.name} ---\n" + "\n".join(tail))
+    return "".join(parts)
 
 
 def _forget_checkpoints(namespace: dict) -> None:
