@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
+import tempfile
 import time
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
@@ -96,3 +100,18 @@ def rss(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError(f"no VmRSS for process {pid}")
+
+
+@contextmanager
+def one_at_a_time(what: str):
+    """Hold ``what`` (a fixed port or the like) alone among the suite's worker processes,
+    through a lock file. Not an xdist group: under pytest 9, pytest-xdist's ``--dist
+    loadgroup`` no longer keeps a group on one worker (it renames ``_nodeid``, which pytest
+    no longer reads), so two workers can run two such tests at once."""
+    with open(Path(tempfile.gettempdir()) / f"pynsq-tests-{what}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+

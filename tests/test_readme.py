@@ -4,18 +4,16 @@ says how, and how a block says what it needs); and so do the examples a user is 
 
 from __future__ import annotations
 
-import fcntl
 import re
 import shutil
 import sys
-import tempfile
 import textwrap
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from . import readmekit
+from .helpers import one_at_a_time
 from .nsqkit import NSQ_BIN
 
 PAGES = readmekit.pages()
@@ -101,24 +99,10 @@ def run_python(block: readmekit.Block, namespace: dict, request) -> None:
             assert query.exception() is None
 
 
-@contextmanager
-def nsqs_own_ports():
-    """The pages use NSQ's own ports (4150, 4151, 4160, 4161, 4170): one page at a time in
-    the whole run. A lock file, not an xdist group: under pytest 9, pytest-xdist's
-    ``--dist loadgroup`` no longer keeps a group on one worker (it renames ``_nodeid``,
-    which pytest no longer reads), so two workers ran two pages at once."""
-    with open(Path(tempfile.gettempdir()) / "pynsq-readme-ports.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 @pytest.mark.xdist_group("spark")
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(readmekit.ROOT)) for p in PAGES])
 def test_the_page_runs_as_pasted(page, request, monkeypatch, tmp_path):
-    with nsqs_own_ports():
+    with one_at_a_time("nsq-ports"):   # NSQ's own ports: 4150, 4151, 4160, 4161, 4170
         skipped = run_page(readmekit.page_blocks(page), tmp_path, request, monkeypatch)
     if skipped:
         print("skipped:", *skipped, sep="\n  ")

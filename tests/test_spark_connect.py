@@ -20,6 +20,7 @@ import pytest
 from broker import Client, EmbeddedBroker
 
 from .drivers.writer_shapes import SHAPES, expected_bodies
+from .helpers import one_at_a_time
 from .spark_helpers import channel_stats, publish
 from .test_spark_writers import drain
 
@@ -50,9 +51,10 @@ def connect_run(tmp_path_factory):
         sent = publish(client, "connect-in", N)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             filter(None, [str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH")]))}
-        run = subprocess.run([sys.executable, str(DRIVER), broker.address, "connect-in",
-                              "connect-out", str(tmp_path / "checkpoint")],
-                             capture_output=True, timeout=900, env=env)
+        with one_at_a_time("spark-connect"):   # its local server's fixed port, 15002
+            run = subprocess.run([sys.executable, str(DRIVER), broker.address, "connect-in",
+                                  "connect-out", str(tmp_path / "checkpoint")],
+                                 capture_output=True, timeout=900, env=env)
         assert run.returncode == 0, run.stderr.decode(errors="replace")[-4000:]
         yield client, sent, json.loads(run.stdout.decode().strip().splitlines()[-1])
 
