@@ -119,10 +119,18 @@ def plan_workers(options: Options) -> Plan:
         except OSError as err:
             raise OSError(f"cannot listen on {address} ({kind}): {err.strerror}") from None
         shared[kind] = _join(host, port)
-    own = []
-    for _ in range(options.workers):
-        own.append({kind: _join(_host(shared[kind]), reserve_port(_host(shared[kind])))
-                    for kind in shared})
+    # Each port is let go as soon as it is picked, so the OS may offer the same one
+    # twice: a port already planned is picked again (two workers on one port: one fails).
+    taken = {int(address.rsplit(":", 1)[1]) for address in shared.values()}
+
+    def unplanned(host: str) -> int:
+        while (port := reserve_port(host)) in taken:
+            pass
+        taken.add(port)
+        return port
+
+    own = [{kind: _join(_host(shared[kind]), unplanned(_host(shared[kind]))) for kind in shared}
+           for _ in range(options.workers)]
     base = options.node_id_for(shared["grpc"])
     return Plan(options, shared, own, [(base + i) % 1024 for i in range(options.workers)])
 
