@@ -15,12 +15,11 @@ import urllib.request
 import grpc
 import pytest
 
-from broker import Broker, Client, ClientError, EmbeddedBroker, Options
-from broker.clock import ManualClock
+from broker import Client, ClientError, EmbeddedBroker, Options
 from broker.errors import TooManyChannels, TooManyTopics
-from broker.storage import DiskStore
 
 from .corekit import new_broker, subscribe
+from .test_storage_readahead import start
 
 
 def tcp_answer(address: str, line: bytes, body: bytes | None = None) -> bytes:
@@ -105,14 +104,6 @@ def test_a_limit_of_0_is_no_limit():
         broker.create_channel("t0", f"c{i}")
     assert len(broker.topics) == defaults.max_topics + 1
     assert len(broker.topics["t0"].channels) == defaults.max_channels_per_topic + 1
-
-
-def start(path, **options) -> Broker:
-    opts = Options(data_path=str(path), **options)
-    broker = Broker(opts, clock=ManualClock())
-    broker.storage = DiskStore(broker, opts)
-    broker.storage.recover()
-    return broker
 
 
 def test_a_restart_restores_every_topic_and_channel_past_a_lowered_limit(tmp_path):

@@ -450,3 +450,17 @@ def test_a_spark_relay_through_the_workers_publishes_each_message_once_across_a_
                     bodies.append(msg.body.decode())
                     sub.fin(msg.id)
     assert sorted(bodies) == sorted(f"msg-{i}-{n}" for i in range(2) for n in range(150))
+
+
+def test_no_two_workers_are_planned_on_one_port_even_when_the_os_offers_one_twice(monkeypatch):
+    """Each port is let go as soon as it is picked, so the OS may offer it again; the
+    plan must pick once more, not give two workers one port (one would fail at start)."""
+    from broker import Options, workers
+
+    offered = iter([4170, 4150, 4151, 40001, 40001, 40002, 40003, 40003, 40001, 40004,
+                    40005, 40006])
+    monkeypatch.setattr(workers, "reserve_port", lambda host, port=0: port or next(offered))
+    plan = workers.plan_workers(Options(workers=2))
+    ports = [int(a.rsplit(":", 1)[1]) for own in plan.own for a in own.values()]
+    assert len(set(ports)) == len(ports) == 6
+    assert not set(ports) & {4170, 4150, 4151}
