@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _pytest.nodeid import NodeId   # pytest 9: a node id is parsed, see below
 
 import broker as broker_package
 from broker import Client, EmbeddedBroker
@@ -65,9 +66,20 @@ def spark():
     session.stop()
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(items):
     """Under ``pytest -n N --dist loadgroup`` every test on the shared Spark
-    session runs in one worker, so the run still has one Spark session."""
+    session runs in one worker, so the run still has one Spark session.
+
+    pytest-xdist marks a group by renaming ``item._nodeid`` to ``id@group``, which
+    pytest 9 no longer reads (a node's id lives in ``item._id``): without the step
+    after ``yield`` no test is grouped and each worker starts a Spark session."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("spark"))
+    result = yield
+    for item in items:
+        renamed = item.__dict__.get("_nodeid")
+        if renamed is not None and renamed != item.nodeid:
+            item._id = NodeId.parse(renamed)
+    return result

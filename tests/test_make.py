@@ -100,6 +100,38 @@ def test_make_test_runs_the_shared_spark_sessions_tests_in_one_process(request, 
     assert request.node.get_closest_marker("xdist_group").args == ("spark",)
 
 
+def test_every_test_on_the_spark_session_runs_in_one_worker_of_make_tests_run(tmp_path):
+    """The grouping itself, under the xdist and pytest this suite installs: twelve tests
+    on a ``spark`` fixture and twelve without, in two workers with loadgroup, as `make
+    test` runs them. The ``spark`` tests all run in one worker, so one process holds
+    the one session (without the hook's step after ``yield`` they are spread over both)."""
+    (tmp_path / "conftest.py").write_text(
+        "import os, pytest\n"
+        "from tests.conftest import pytest_collection_modifyitems  # the hook under test\n"
+        "@pytest.fixture\n"
+        "def spark():\n"
+        "    return os.environ['PYTEST_XDIST_WORKER']\n")
+    (tmp_path / "test_shapes.py").write_text(
+        "import os, pathlib, pytest\n"
+        "@pytest.mark.parametrize('n', range(12))\n"
+        "def test_on_the_session(spark, n):\n"
+        "    (pathlib.Path(os.environ['OUT']) / f'spark-{n}').write_text(spark)\n"
+        "@pytest.mark.parametrize('n', range(12))\n"
+        "def test_alone(n):\n"
+        "    worker = os.environ['PYTEST_XDIST_WORKER']\n"
+        "    (pathlib.Path(os.environ['OUT']) / f'alone-{n}').write_text(worker)\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OUT": str(out)}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup",
+         "-p", "no:cacheprovider", "test_shapes.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    on_session = {(out / f"spark-{n}").read_text() for n in range(12)}
+    assert len(on_session) == 1, f"the spark tests ran in {sorted(on_session)}"
+
+
 def test_a_test_without_the_spark_session_is_in_no_group(request):
     assert request.node.get_closest_marker("xdist_group") is None
 
