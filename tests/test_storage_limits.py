@@ -103,3 +103,34 @@ def test_a_start_reads_into_memory_at_most_mem_queue_size_of_a_topic_shared_by_i
     for name in ("c0", "c49"):
         got = drain(broker, "events", name)
         assert sorted(got) == sorted(ids) and got[ids[7]] == b"m7"
+
+
+HTTP_CHILD = textwrap.dedent("""
+    import json, sys, urllib.error, urllib.request
+    from broker import EmbeddedBroker
+
+    broker = EmbeddedBroker(data_path=sys.argv[1]).start()
+    made = 0
+    while True:
+        url = f"http://{broker.http_address}/topic/create?topic=t{made}"
+        try:
+            urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=10)
+        except urllib.error.HTTPError as err:
+            print(json.dumps({"made": made, "status": err.code,
+                              "body": json.loads(err.read())}))
+            break
+        made += 1
+    broker.stop()
+""")
+
+
+def test_over_http_the_topic_past_the_open_file_limit_is_refused_naming_the_limit(tmp_path):
+    """nsqd's code for the client that reads codes, and the sentence for the one who reads
+    it: which limit, and that `ulimit -n` raises it."""
+    out = subprocess.run([sys.executable, "-c", HTTP_CHILD, str(tmp_path / "data")],
+                         preexec_fn=limited(LIMIT), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout)
+    assert got["made"] > LIMIT // 2 and got["status"] == 500
+    assert got["body"]["message"] == "STORAGE_FAILED"
+    assert "open-file limit" in got["body"]["error"] and "ulimit -n" in got["body"]["error"]

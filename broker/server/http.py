@@ -117,8 +117,9 @@ async def _nsqd_answers(request: web.Request,
         return _json_error(err.status, err.message)
     except BrokerError as err:
         mapped = http_error(err)
-        # A count the operator set: the sentence names the option (nsqd's message stays a code).
-        detail = str(err) if isinstance(err, LimitReached) else None
+        # A count the operator set, or the open-file limit refusing a topic: the sentence
+        # names the option or the limit (nsqd's message stays a code).
+        detail = str(err) if isinstance(err, (LimitReached, AdminFailed)) else None
         return _json_error(mapped.status, mapped.message, detail)
     except web.HTTPMethodNotAllowed:
         return _json_error(405, "METHOD_NOT_ALLOWED")
