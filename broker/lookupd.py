@@ -145,8 +145,10 @@ class LookupdPeer:
         delay, reported = least, False
         while True:
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(self.host, self.port), CONNECT_TIMEOUT)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel
+                # that arrives as the connection completes, and close() would wait forever.
+                async with asyncio.timeout(CONNECT_TIMEOUT):
+                    reader, writer = await asyncio.open_connection(self.host, self.port)
             except (OSError, asyncio.TimeoutError) as err:
                 if not reported:
                     log.warning("nsqlookupd %s: cannot connect (%s); retrying", self.address,

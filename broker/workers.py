@@ -249,7 +249,8 @@ class Worker:
             return 0
         proc.send_signal(signal.SIGTERM)
         try:
-            code = await asyncio.wait_for(proc.wait(), STOP_TIMEOUT)
+            async with asyncio.timeout(STOP_TIMEOUT):
+                code = await proc.wait()
         except asyncio.TimeoutError:
             log.error("%s did not stop within %.0f s: killed", self.name, STOP_TIMEOUT)
             proc.kill()
@@ -296,7 +297,8 @@ class Supervisor:
             log.error("%s exited with %s after %.1f s: starting it again in %.1f s",
                       worker.name, _exit_status(code), ran, delay)
             try:
-                await asyncio.wait_for(self.stopping.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self.stopping.wait()
                 return
             except asyncio.TimeoutError:
                 pass

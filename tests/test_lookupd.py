@@ -376,3 +376,50 @@ def test_pings_keep_pynsqd_listed_past_nsqlookupds_inactive_producer_timeout(mon
                 time.sleep(0.1)
     finally:
         daemon.stop()
+
+
+def test_a_stop_that_arrives_as_the_connection_completes_ends_the_registration():
+    """The stop (a cancel) lands in the loop turn in which nsqlookupd accepted the
+    connection, before the broker's side has seen it complete. Python 3.11's
+    ``asyncio.wait_for`` returned the connection and dropped the cancel, and the
+    registration loop went on reconnecting forever: a broker's stop never ended."""
+    from broker.core import Broker
+    from broker.lookupd import LookupdPeer
+
+    async def stop_as_it_connects() -> str:
+        peer: LookupdPeer | None = None
+
+        def accepted(_reader, writer) -> None:
+            asyncio.get_running_loop().call_soon(peer._task.cancel)
+            writer.close()
+
+        server = await asyncio.start_server(accepted, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+
+        async def sleep(_delay: float) -> None:
+            await asyncio.sleep(0)
+
+        peer = LookupdPeer(f"127.0.0.1:{port}", Broker(Options()), dict, Timing(sleep=sleep))
+        peer.start()
+        try:
+            await asyncio.wait({peer._task}, timeout=5)
+            return "ended" if peer._task.done() else "still running 5 s after the stop"
+        finally:
+            peer._task.cancel()
+            server.close()
+
+    for _ in range(5):
+        assert asyncio.run(stop_as_it_connects()) == "ended"
+
+
+def test_the_broker_waits_with_asyncio_timeout_never_wait_for():
+    """Every timed wait in the broker is ``asyncio.timeout``: on Python 3.11
+    ``asyncio.wait_for`` drops a cancel that arrives as what it waits for completes
+    (above: a stop that never ended), so none is left to come back by habit."""
+    root = Path(__file__).parent.parent
+    found = [f"{path.relative_to(root)}:{n}"
+             for folder in ("broker", "spark_connector")
+             for path in sorted((root / folder).rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if "asyncio.wait_for(" in line]
+    assert found == []

@@ -312,14 +312,15 @@ class Authenticator:
         # A timeout of 0 is none, as Go's (and so nsqd's) http client reads it.
         request_timeout = self.request_timeout or None
         try:
-            await asyncio.wait_for(self._slots.acquire(), request_timeout)
+            async with asyncio.timeout(request_timeout):
+                await self._slots.acquire()
         except asyncio.TimeoutError:
             raise InvalidAuthReply(f"no connection free within {self.request_timeout:g}s "
                                    f"({self.max_connections} queries pending)") from None
         try:
-            return await asyncio.wait_for(
-                self._ask(address, who),
-                request_timeout and self.connect_timeout + self.request_timeout)
+            async with asyncio.timeout(request_timeout
+                                       and self.connect_timeout + self.request_timeout):
+                return await self._ask(address, who)
         except asyncio.TimeoutError:
             raise InvalidAuthReply(f"no answer within {self.request_timeout:g}s") from None
         finally:

@@ -224,7 +224,8 @@ class HttpApi:
             # and the broker's work on it) has body_timeout, or 408 and the end of the
             # connection: a body sent a byte at a time holds its descriptor no longer.
             try:
-                return await asyncio.wait_for(handler(request), self.body_timeout)
+                async with asyncio.timeout(self.body_timeout):
+                    return await handler(request)
             except asyncio.TimeoutError:
                 raise HttpError(408, "REQUEST_TIMEOUT") from None
 
