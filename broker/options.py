@@ -123,6 +123,8 @@ class Options:
     max_connections_per_client: int = _opt(0, "most TCP and HTTP(S) connections open at once "
                                                "from one client address (0: half of "
                                                "--max-connections)")
+    max_grpc_connections: int = _opt(0, "most gRPC connections open at once, counted apart "
+                                        "from TCP and HTTP(S) (0: as --max-connections)")
     max_topics: int = _opt(10_000, "most topics at once; one more is refused at creation "
                                    "(0: no limit)")
     max_channels_per_topic: int = _opt(5_000, "most channels of one topic at once; one more "
@@ -232,7 +234,7 @@ class Options:
                      "max_bytes_per_file", "max_body_size", "max_disk_bytes",
                      "max_memory_bytes", "max_attempts", "broadcast_tcp_port",
                      "broadcast_http_port", "max_connections", "max_connections_per_client",
-                     "max_topics", "max_channels_per_topic"):
+                     "max_grpc_connections", "max_topics", "max_channels_per_topic"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must not be negative")
         # The gRPC API is the one listener that cannot be off: empty names no address.

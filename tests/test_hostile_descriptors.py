@@ -300,6 +300,50 @@ def test_connections_over_the_per_client_cap_are_closed_and_others_served(monkey
         wait_for(lambda: tcp_pub(broker.tcp_address, "t", b"x") == b"OK", 10, 0.05, "served")
 
 
+def _grpc_connection(address: str) -> socket.socket | None:
+    """A raw connection to the gRPC port: open (the server's HTTP/2 SETTINGS frame
+    arrives) or None (closed by the server without a byte)."""
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    if sock.recv(9) == b"":
+        sock.close()
+        return None
+    return sock
+
+
+@pytest.mark.parametrize("cap", [2, 3])
+def test_grpc_connections_past_their_own_cap_are_closed_before_the_handshake(cap):
+    """``--max-grpc-connections``, at its edge: the cap's connections are open, one more
+    is closed at once, and a place given back serves a gRPC client again. The TCP
+    gate's count is not gRPC's: TCP is served while gRPC is full."""
+    with EmbeddedBroker(max_grpc_connections=cap, max_connections=1) as broker:
+        held = [_grpc_connection(broker.address) for _ in range(cap)]
+        assert all(held), f"{held.count(None)} of the first {cap} were closed"
+        assert _grpc_connection(broker.address) is None
+        assert tcp_pub(broker.tcp_address, "t", b"x") == b"OK"
+        held.pop().close()
+
+        def served() -> bool:
+            with Client(broker.address, timeout=2) as client:
+                try:
+                    return client.ping(timeout=2) == "OK"
+                except Exception:
+                    return False
+        wait_for(served, 10, 0.05, "a gRPC client in the place given back")
+        for sock in held:
+            sock.close()
+
+
+def test_grpc_connections_default_to_the_tcp_and_http_cap():
+    """0 (the default) is --max-connections' value, a count of its own."""
+    with EmbeddedBroker(max_connections=2) as broker:
+        held = [_grpc_connection(broker.address) for _ in range(2)]
+        assert all(held)
+        assert _grpc_connection(broker.address) is None
+        for sock in held:
+            sock.close()
+
+
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory):
     from .securitykit import make_certs

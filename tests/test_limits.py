@@ -696,7 +696,8 @@ def option(name: str, **extra: object) -> Callable:
     return run
 
 
-for _name in ("max_connections", "max_connections_per_client", "max_topics",
+for _name in ("max_connections", "max_connections_per_client", "max_grpc_connections",
+              "max_topics",
               "max_channels_per_topic",
               "max_attempts", "node_id", "workers", "broadcast_tcp_port",
               "broadcast_http_port", "mem_queue_size", "max_msg_size", "max_body_size",

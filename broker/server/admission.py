@@ -60,6 +60,13 @@ def default_max_connections(nofile: int | None = None) -> int:
     return max(1, nofile - max(MIN_RESERVE, nofile // RESERVE_FRACTION))
 
 
+def max_grpc_connections(options: Any) -> int:
+    """The most gRPC connections at once: grpc-core keeps their count (one over it is
+    closed before its handshake), apart from the TCP and HTTP(S) gate's."""
+    return (getattr(options, "max_grpc_connections", 0)
+            or getattr(options, "max_connections", 0) or default_max_connections())
+
+
 @dataclass
 class Ticket:
     """One admitted connection; ``release`` (idempotent) gives its place back."""

@@ -30,6 +30,7 @@ from ..security import rules
 from ..security.grpc_auth import principal_of, remote_ip
 from ..security.printable import printable
 from ..stats import ClientIdentity, host_port
+from .admission import max_grpc_connections
 from .limits import STREAM_REPLIES
 
 log = logging.getLogger("pynsqd")
@@ -728,6 +729,8 @@ async def start_grpc_server(broker: Broker, address: str, security=None,
             ("grpc.max_metadata_size", MAX_METADATA_BYTES),
             ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
             ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
+            # grpc-core's own count: one over it is closed before its handshake.
+            ("grpc.max_allowed_incoming_connections", max_grpc_connections(broker.options)),
         ])
     try:
         listen = host_port(host, port)
