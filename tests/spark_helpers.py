@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections import Counter
+from pathlib import Path
 from typing import Callable
 
 from broker import Client
@@ -40,7 +42,8 @@ def start_past_worker_start(start: Callable) -> Callable:
     @functools.wraps(start)
     def start_made(self, *args, **kwargs):
         for attempt in range(1, STARTS + 1):
-            query = start(self, *args, **kwargs)
+            query = start(self, *args, **kwargs) if attempt == 1 else \
+                _start_again(start, self, *args, **kwargs)
             wait_for(lambda: not query.isActive
                      or query.status["message"] != "Initializing sources",
                      600, interval=0.05, message="the query's sources to be made")
@@ -50,6 +53,26 @@ def start_past_worker_start(start: Callable) -> Callable:
                         "(start %d of %d): starting the query again", attempt, STARTS)
         return query
     return start_made
+
+
+# The memory sink will not start from a checkpoint that has an offsets folder, even an
+# empty one: Spark names the folder to delete.
+MEMORY_SINK_REFUSES = re.compile(r"does not support recovering from checkpoint location\. "
+                                 r"Delete (\S+) to start over")
+
+
+def _start_again(start: Callable, writer, *args, **kwargs):
+    """``start`` after a start that died at Spark's worker start: a memory sink's offsets
+    folder that start made is empty (nothing was planned), and goes before the retry."""
+    try:
+        return start(writer, *args, **kwargs)
+    except Exception as err:
+        refused = MEMORY_SINK_REFUSES.search(str(err))
+        offsets = Path(refused.group(1)) if refused else None
+        if offsets is None or not offsets.is_dir() or any(offsets.iterdir()):
+            raise
+        offsets.rmdir()
+        return start(writer, *args, **kwargs)
 
 
 def install_start_past_worker_start() -> None:
