@@ -262,7 +262,9 @@ def test_an_admin_call_whose_record_cannot_be_written_fails_and_changes_nothing(
         before = admin_state(broker)
         files.fail(call, errno.ENOSPC)
         status, answer = http_admin(broker, kind, action, topic, channel)
-        assert (status, json.loads(answer)) == (500, {"message": "STORAGE_FAILED"})
+        body = json.loads(answer)
+        assert (status, body["message"]) == (500, "STORAGE_FAILED")   # nsqd's code, and why
+        assert "No space left on device" in body["error"] and "nothing was changed" in body["error"]
         assert admin_state(broker) == before
         files.heal()
         broker.call(crash, broker.broker)
