@@ -250,6 +250,28 @@ def test_a_fin_counted_in_stats_does_not_come_back_after_a_crash(tmp_path):
     assert set(drain(broker, "events", "work")) == {ids[2]}
 
 
+
+@pytest.mark.parametrize("stop", RESTARTS)
+def test_a_fin_batch_naming_another_consumers_message_finishes_only_its_own(tmp_path, stop):
+    """A FIN of several ids, one of them held by another consumer, is refused for that one:
+    after a restart it comes back, and only the ids this consumer held stay finished."""
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    broker.create_channel("events", "work")
+    ids = broker.multi_publish("events", [b"a", b"b", b"c", b"d"])
+    mine, theirs = Recorder(broker), Recorder(broker)
+    ch = broker.subscribe(mine, "events", "work")
+    broker.subscribe(theirs, "events", "work")
+    ch.set_rdy(mine, 2)
+    ch.set_rdy(theirs, 2)
+    held = mine.ids
+    other = theirs.ids
+    failures = ch.finish_many(mine, [held[0], other[0], held[1]])
+    assert [f.msg_id for f in failures] == [other[0]]
+    stop(broker)
+    broker = start(tmp_path, clock)
+    assert set(drain(broker, "events", "work")) == set(ids) - set(held)
+
 def test_a_lease_fin_that_was_answered_does_not_come_back_after_a_crash(tmp_path):
     clock = ManualClock()
     broker = start(tmp_path, clock)
