@@ -403,10 +403,11 @@ class DiskStore(Store):
                                      key)
         queued, prefix = self._encode_queued(topic.name)
         try:
-            loc = topic_log.append(b"".join((records.seal(prefix, key) if prefix else b"",
-                                             data, records.dedupe(producer, key)
-                                             if producer is not None else b"")),
-                                   run.raw_ids, key)
+            if prefix or producer is not None:
+                data = b"".join((records.seal(prefix, key) if prefix else b"", data,
+                                 records.dedupe(producer, key) if producer is not None
+                                 else b""))
+            loc = topic_log.append(data, run.raw_ids, key)
         except OSError as err:
             log.error("%s: a publish could not be written: %s", topic_log.dir, err)
             raise StorageFailed(f"PUB to {topic.name} failed: the data path could not take "
