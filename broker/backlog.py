@@ -191,7 +191,7 @@ class Backlog:
             return
         rest = msgs[room:]
         locs = array("q", map(_LOC, rest))
-        if 0 in locs:  # some are not on disk: they stay in memory, in their place
+        if not all(locs):  # some are not on disk: they stay in memory, in their place
             for msg in rest:
                 self.append(msg)
             return
@@ -329,7 +329,9 @@ class Backlog:
         """Put what was read ahead of ``run`` (now the head) in memory before it."""
         loaded = run.loaded
         msgs: list[Message] | deque[Message | None] = loaded
-        if None in loaded:  # failed its check: read again, the loader logs a loss
+        # (``all``: a Message is always true; ``None in`` compares each with None, a tenth
+        # of a read-back message's instructions)
+        if not all(loaded):  # failed its check: read again, the loader logs a loss
             locs = run.locs[run.start:run.start + len(loaded)]
             for i, loc in enumerate(locs):
                 if loaded[i] is None:  # ReadLater leaves the rest to read next time

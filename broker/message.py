@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import time
 from array import array
+from functools import lru_cache
 from itertools import count, repeat
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
@@ -82,6 +83,32 @@ _ID_STEP = 1 << NODE_ID_BITS
 
 
 _SWAP = sys.byteorder == "little"
+_ORDER = sys.byteorder  # of an array's numbers in memory
+
+
+@lru_cache(maxsize=256)
+def runs_of(count: int) -> tuple[int, int]:
+    """(1, 1, ... and 0, 1, 2, ...) as numbers of ``count`` 64-bit digits, as an array
+    of ``count`` locations in memory reads: ``first * ones + steps`` is the run
+    ``first``, ``first + 1``, ... (no digit carries into the next below 2**63)."""
+    return (int.from_bytes((1).to_bytes(8, _ORDER) * count, _ORDER),
+            int.from_bytes(array("q", range(count)).tobytes(), _ORDER))
+
+
+# The longest run ``consecutive`` makes from one number (so ``runs_of`` caches numbers of
+# at most this many digits, whatever an MPUB's size).
+RUN = 1024
+
+
+def consecutive(first: int, count: int) -> array:
+    """The locations ``first`` to ``first + count - 1`` as an array, made from one number
+    per ``RUN`` (setting an array's items one by one costs a few hundred instructions each)."""
+    locs = array("q")
+    for at in range(0, count, RUN):
+        n = min(RUN, count - at)
+        ones, steps = runs_of(n)
+        locs.frombytes(((first + at) * ones + steps).to_bytes(8 * n, _ORDER))
+    return locs
 
 
 def raw_id_run(first: int, count: int) -> bytes:
@@ -189,20 +216,23 @@ class Published:
         """Messages ``start`` to ``stop``, each made anew (a queue's own)."""
         stop = len(self.ids) if stop is None else stop
         expires = self.expires
+        runs = self.runs
+        # In one run (one record), their locations are a range: no array made to be read
+        # back at once (an array's item costs a few hundred instructions to set).
+        locs: Iterable[int] = (repeat(0) if not runs else
+                               range(runs[0][0] + start, runs[0][0] + stop) if len(runs) == 1
+                               else self.locations(start, stop))
         return list(map(Message, self.ids[start:stop], self.bodies[start:stop],
-                        repeat(self.timestamp), repeat(0),
-                        self.locations(start, stop) if self.runs else repeat(0),
+                        repeat(self.timestamp), repeat(0), locs,
                         repeat(0) if expires is None else expires[start:stop]))
 
     def locations(self, start: int = 0, stop: int | None = None) -> array:
         """Where messages ``start`` to ``stop`` are on disk (stored: ``runs`` is set)."""
         stop = len(self.ids) if stop is None else stop
-        locs = array("q")
         runs = self.runs
         if len(runs) == 1:
-            first = runs[0][0]
-            locs.fromlist(list(range(first + start, first + stop)))  # (faster than a range)
-            return locs
+            return consecutive(runs[0][0] + start, stop - start)
+        locs = array("q")
         for first, count in runs:
-            locs.fromlist(list(range(first, first + count)))
+            locs += consecutive(first, count)
         return locs[start:stop]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.message import Message, read_back
+from broker.message import Message, Published, raw_id_run, read_back
 
 _ID = st.integers(0, 2**64 - 1).map(lambda n: f"{n:016x}")
 _TIME = st.integers(0, 2**63 - 1)
@@ -28,3 +28,19 @@ def test_messages_read_back_in_bulk_equal_messages_made_one_by_one(rows, loc, ex
                   for i, (msg_id, body, ts) in enumerate(zip(ids, bodies, timestamps))]
     assert [type(msg) for msg in bulk] == [Message] * len(rows)
     assert [slots(msg) for msg in bulk] == [slots(msg) for msg in one_by_one]
+
+
+@given(st.lists(st.tuples(st.integers(1, 2**62), st.integers(1, 2500)), min_size=1, max_size=3),
+       st.data())
+def test_a_publishs_locations_are_its_runs_in_order_however_long(runs, data):
+    """Where each message of a publish is on disk, as its queues read it (an array for
+    those waiting on disk, each message's own ``loc``): run after run, a run longer than
+    one number's worth of locations included."""
+    n = sum(count for _, count in runs)
+    published = Published(raw_id_run(1 << 40, n), [b"x"] * n, 5)
+    published.runs = runs
+    flat = [first + i for first, count in runs for i in range(count)]
+    start = data.draw(st.integers(0, n))
+    stop = data.draw(st.integers(start, n))
+    assert published.locations(start, stop).tolist() == flat[start:stop]
+    assert [msg.loc for msg in published.messages(start, stop)] == flat[start:stop]

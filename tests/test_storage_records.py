@@ -88,6 +88,30 @@ def test_a_fin_of_more_ids_than_one_record_holds_is_split_and_keeps_every_id():
     assert records.fins("c", []) == []
 
 
+
+_IDS_AND_COUNTS = st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 65535)),
+                           min_size=1, max_size=40)
+
+
+@given(_IDS_AND_COUNTS, st.booleans())
+def test_fin_and_attempts_records_of_hex_ids_are_the_records_of_their_numbers(entries, same):
+    """What a channel writes (ids as messages carry them, one count for all or each its
+    own) is byte for byte what the reference encoders write from the ids' numbers."""
+    if same:  # a pass's first deliveries: one count for all
+        entries = [(msg_id, entries[0][1]) for msg_id, _ in entries]
+    hex_ids = [f"{msg_id:016x}" for msg_id, _ in entries]
+    counts = [count for _, count in entries]
+    assert records.attempts_of("c", hex_ids, counts) == b"".join(records.attempts("c", entries))
+    assert records.fins_of("c", hex_ids) == b"".join(records.fins("c", [i for i, _ in entries]))
+
+
+def test_attempts_of_more_ids_than_one_record_holds_keep_each_count():
+    ids = id_run(1 << 40, records.MAX_IDS_PER_RECORD + 3)
+    counts = [1] * records.MAX_IDS_PER_RECORD + [2, 1, 1]
+    read = [entry for r in scanned(records.attempts_of("c", ids, counts))
+            for entry in r.attempts()[1]]
+    assert read == [(int(i, 16), count) for i, count in zip(ids, counts)]
+
 def replayed(data: bytes, seg: int = 1) -> Replay:
     replay = Replay("t")
     for record in records.scan(data, "t"):

@@ -250,6 +250,61 @@ def test_a_fin_counted_in_stats_does_not_come_back_after_a_crash(tmp_path):
     assert set(drain(broker, "events", "work")) == {ids[2]}
 
 
+
+@pytest.mark.parametrize("stop", RESTARTS)
+def test_a_fin_batch_naming_another_consumers_message_finishes_only_its_own(tmp_path, stop):
+    """A FIN of several ids, one of them held by another consumer, is refused for that one:
+    after a restart it comes back, and only the ids this consumer held stay finished."""
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    broker.create_channel("events", "work")
+    ids = broker.multi_publish("events", [b"a", b"b", b"c", b"d"])
+    mine, theirs = Recorder(broker), Recorder(broker)
+    ch = broker.subscribe(mine, "events", "work")
+    broker.subscribe(theirs, "events", "work")
+    ch.set_rdy(mine, 2)
+    ch.set_rdy(theirs, 2)
+    held = mine.ids
+    other = theirs.ids
+    failures = ch.finish_many(mine, [held[0], other[0], held[1]])
+    assert [f.msg_id for f in failures] == [other[0]]
+    stop(broker)
+    broker = start(tmp_path, clock)
+    assert set(drain(broker, "events", "work")) == set(ids) - set(held)
+
+
+def logged_attempts(path, topic: str) -> list[int]:
+    """The ids of every ATTEMPTS entry in ``topic``'s log files, in order."""
+    ids = []
+    for file in sorted((path / "topics" / f"t-{topic}").glob("*.log")):
+        for record in records.scan_file(file.read_bytes(), str(file)):
+            if record.kind == records.ATTEMPTS:
+                ids += [msg_id for msg_id, _ in record.attempts()[1]]
+    return ids
+
+
+def test_deliveries_finished_before_their_counts_are_written_leave_no_count_on_disk(tmp_path):
+    """A delivery count is written for what is still pending: those FINed in the same pass
+    (before the pass's records are written) leave none, the others keep theirs."""
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    broker.create_channel("events", "work")
+    ids = broker.multi_publish("events", [b"a", b"b", b"c"])
+    broker.storage.flush()
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    ch.set_rdy(consumer, 3)
+    ch.finish_many(consumer, ids[:2])
+    broker.storage.flush()   # the end of the pass: one ATTEMPTS and one FIN record
+    assert logged_attempts(tmp_path, "events") == [int(ids[2], 16)]
+    ch.set_rdy(consumer, 0)
+    ch.finish_many(consumer, ids[2:])
+    broker.storage.flush()
+    assert logged_attempts(tmp_path, "events") == [int(ids[2], 16)]
+    crash(broker)
+    broker = start(tmp_path, clock)
+    assert drain(broker, "events", "work") == {}
+
 def test_a_lease_fin_that_was_answered_does_not_come_back_after_a_crash(tmp_path):
     clock = ManualClock()
     broker = start(tmp_path, clock)

@@ -63,6 +63,7 @@ import struct
 import sys
 import zlib
 from array import array
+from binascii import unhexlify
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Callable, Iterable, Iterator
@@ -383,7 +384,8 @@ def attempts(channel: str, entries: list[tuple[int, int]]) -> list[bytes]:
 def fins_of(channel: str, msg_ids: list[str]) -> bytes:
     """FIN records of ids given as 16 hex digits (as messages carry them)."""
     name = _name(channel)
-    return b"".join(encode(FIN, name + bytes.fromhex("".join(chunk)))
+    # (``unhexlify``: ``bytes.fromhex`` looks for spaces between each pair of digits)
+    return b"".join(encode(FIN, name + unhexlify("".join(chunk)))
                     for chunk in _chunks(msg_ids))
 
 
@@ -391,8 +393,16 @@ def attempts_of(channel: str, msg_ids: list[str], counts: list[int]) -> bytes:
     """ATTEMPTS records of ids given as 16 hex digits, with their delivery counts."""
     name, out = _name(channel), []
     for first in range(0, len(msg_ids), MAX_IDS_PER_RECORD):
-        ids = bytes.fromhex("".join(msg_ids[first:first + MAX_IDS_PER_RECORD]))
-        values = array("I", counts[first:first + MAX_IDS_PER_RECORD])
+        chunk = msg_ids[first:first + MAX_IDS_PER_RECORD]
+        some = counts[first:first + MAX_IDS_PER_RECORD]
+        if some.count(some[0]) == len(some):
+            # One count for all (a pass's first deliveries, the usual case): the entries,
+            # id then count, spelled in hex between the ids and turned to bytes at once.
+            count = f"{some[0]:08x}"
+            out.append(encode(ATTEMPTS, name + unhexlify(count.join(chunk) + count)))
+            continue
+        ids = unhexlify("".join(chunk))
+        values = array("I", some)
         if sys.byteorder == "little":
             values.byteswap()
         raw = values.tobytes()

@@ -23,13 +23,12 @@ import sys
 import zlib
 from array import array
 from bisect import bisect_right
-from functools import lru_cache
 from itertools import islice
 from pathlib import Path
 from struct import unpack_from
 from typing import Callable, Sequence
 
-from ..message import Message, read_back
+from ..message import Message, read_back, runs_of
 from . import fileops, records
 from .records import EXPIRES
 
@@ -383,16 +382,8 @@ def _follow_on(locs: "Sequence[int]", j: int, count: int, loc: int) -> bool:
     digit carries into the next: a location is under 2**63)."""
     if type(locs) is not array or locs.typecode != "q":
         return list(locs[j:j + count]) == list(range(loc, loc + count))
-    ones, steps = _runs_of(count)
+    ones, steps = runs_of(count)
     return int.from_bytes(memoryview(locs)[j:j + count], _ORDER) == loc * ones + steps
-
-
-@lru_cache(maxsize=256)
-def _runs_of(count: int) -> tuple[int, int]:
-    """(1, 1, ... and 0, 1, 2, ...) as numbers of ``count`` 64-bit digits, as an array
-    of ``count`` locations in memory reads."""
-    return (int.from_bytes((1).to_bytes(8, _ORDER) * count, _ORDER),
-            int.from_bytes(array("q", range(count)).tobytes(), _ORDER))
 
 
 class Reader:

@@ -133,7 +133,9 @@ class Store:
         return False
 
     def delivered(self, channel: "Channel", msgs: Iterable[Message]) -> None: ...
-    def finished(self, channel: "Channel", msgs: list[Message]) -> None: ...
+    def finished(self, channel: "Channel", msgs: list[Message],
+                 ids: list[str] | None = None) -> None:
+        """``msgs`` were FINed (``ids``: their ids in order, when the caller has them)."""
     def deferred(self, channel: "Channel", msg: Message, delay: float) -> None: ...
     def emptying(self, topic: "Topic", channel: "Channel | None") -> None:
         """Before the channel (None: the topic's hold) is emptied by a call; raises
@@ -206,7 +208,8 @@ class MemoryStore(Store):
                             f"retry once consumers catch up")
         self.queued_bytes += incoming
 
-    def finished(self, channel: "Channel", msgs: list[Message]) -> None:
+    def finished(self, channel: "Channel", msgs: list[Message],
+                 ids: list[str] | None = None) -> None:
         if self.limit:
             self.queued_bytes -= sum(len(m.body) for m in msgs)
 
@@ -226,14 +229,19 @@ class _Batch:
     kind: int
     channel: str
     entries: list = field(default_factory=list)
+    finishes: int = 0           # the store's FINs counted when the batch was made
 
-    def encode(self) -> bytes:
+    def encode(self, finishes: int) -> bytes:
+        """The batch's records; ``finishes``: the store's FINs counted now."""
         if self.kind == records.FIN:
             return records.fins_of(self.channel, self.entries)
         # Messages delivered, with their count as it is now; a FINed one has no
-        # location any more and needs none. (Comprehensions: on Python 3.11 a map of
-        # an attrgetter makes a tuple per call, twice their cost.)
-        held = [msg for msg in self.entries if msg.loc]
+        # location any more and needs none, and is looked for only if a FIN came since
+        # the batch was made (a pass's deliveries are written before their FINs come).
+        # (Comprehensions: on Python 3.11 a map of an attrgetter makes a tuple per
+        # call, twice their cost.)
+        held = ([msg for msg in self.entries if msg.loc] if finishes != self.finishes
+                else self.entries)
         return records.attempts_of(self.channel, [msg.id for msg in held],
                                    [msg.attempts for msg in held])
 
@@ -293,6 +301,7 @@ class DiskStore(Store):
         # only batches are queued after them (anything else closes them), so one
         # record per channel and kind carries all of a run of passes' deliveries.
         self._open: dict[str, dict[tuple[int, "Channel"], _Batch]] = {}
+        self._finishes = 0      # calls of ``finished`` that took a location away
         self._dedupe: dict[str, dict[int, list[bytes]]] = {}
         # topic -> (its oldest segment, copies holding it, since when) while few hold it
         self._oldest: dict[str, tuple[int, int, float]] = {}
@@ -356,7 +365,7 @@ class DiskStore(Store):
         batches = self._open.setdefault(name, {})
         batch = batches.get((kind, channel))
         if batch is None:
-            batch = batches[(kind, channel)] = _Batch(kind, channel.name)
+            batch = batches[(kind, channel)] = _Batch(kind, channel.name, [], self._finishes)
             self._queued.setdefault(name, []).append(batch)
             self._flush_soon()
         batch.entries += entries
@@ -394,10 +403,11 @@ class DiskStore(Store):
                                      key)
         queued, prefix = self._encode_queued(topic.name)
         try:
-            loc = topic_log.append(b"".join((records.seal(prefix, key) if prefix else b"",
-                                             data, records.dedupe(producer, key)
-                                             if producer is not None else b"")),
-                                   run.raw_ids, key)
+            if prefix or producer is not None:
+                data = b"".join((records.seal(prefix, key) if prefix else b"", data,
+                                 records.dedupe(producer, key) if producer is not None
+                                 else b""))
+            loc = topic_log.append(data, run.raw_ids, key)
         except OSError as err:
             log.error("%s: a publish could not be written: %s", topic_log.dir, err)
             raise StorageFailed(f"PUB to {topic.name} failed: the data path could not take "
@@ -516,17 +526,22 @@ class DiskStore(Store):
         if self._durable(channel):
             self._queue_batch(channel, records.ATTEMPTS, msgs)
 
-    def finished(self, channel: "Channel", msgs: list[Message]) -> None:
+    def finished(self, channel: "Channel", msgs: list[Message],
+                 ids: list[str] | None = None) -> None:
         locs = [msg.loc for msg in msgs]
-        if 0 in locs:  # some were never on disk (ephemeral, or already FINed)
+        # (``all``: a truth test of each, where ``0 in`` makes a comparison of each)
+        if not all(locs):  # some were never on disk (ephemeral, or already FINed)
             msgs = [m for m, loc in zip(msgs, locs) if loc]
             locs = [loc for loc in locs if loc]
+            ids = None
         if not locs:
             return
         if self._durable(channel):
-            self._queue_batch(channel, records.FIN, [msg.id for msg in msgs])
+            self._queue_batch(channel, records.FIN, [msg.id for msg in msgs] if ids is None
+                              else ids)
         for msg in msgs:
             msg.loc = 0  # gone: no delivery count is written for it any more
+        self._finishes += 1
         topic_log = self.logs[channel.topic.name]
         first, last = min(locs) >> OFFSET_BITS, max(locs) >> OFFSET_BITS
         if first == last:  # the usual case: all in one segment
@@ -733,7 +748,7 @@ class DiskStore(Store):
             if type(item) is bytes:
                 parts.append(item)
             elif type(item) is _Batch:
-                parts.append(item.encode())
+                parts.append(item.encode(self._finishes))
             else:
                 parts.append(item.data)
         return queued, b"".join(parts)
