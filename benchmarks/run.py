@@ -31,20 +31,20 @@ FULL = {"grpc": 200_000, "tcp": 400_000, "spark": 1_000_000, "writers": 1_000_00
         "durable": 200_000, "durable_rounds": 3,
         "queued": 1_000_000, "latency": 3000, "latency_rounds": 5, "nsq_runfor": "5s",
         "nsq_rounds": 3, "scaling": 50_000, "tls": 200_000, "consumers_many": 1000,
-        "consumers_idle": 10_000, "writers_runfor": "5s"}
+        "consumers_idle": 10_000, "writers_runfor": "5s", "writers_rounds": 3}
 QUICK = {"grpc": 20_000, "tcp": 40_000, "spark": 50_000, "writers": 20_000,
          "spark_latency_s": 5, "spark_warm_up_s": 5, "spark_latency_segments": 2,
          "durable": 20_000, "durable_rounds": 1,
          "queued": 50_000, "latency": 500, "latency_rounds": 3, "nsq_runfor": "2s", "nsq_rounds": 1,
          "scaling": 5_000, "tls": 20_000, "consumers_many": 1000, "consumers_idle": 2000,
-         "writers_runfor": "2s"}
+         "writers_runfor": "2s", "writers_rounds": 2}
 # Every row end to end on tiny sizes: the figures mean nothing, the table's shape does.
 SMOKE = {"grpc": 2_000, "tcp": 4_000, "spark": 2_000, "writers": 2_000,
          "spark_latency_s": 2, "spark_warm_up_s": 1,
          "durable": 2_000, "durable_rounds": 1,
          "queued": 2_000, "latency": 100, "latency_rounds": 1, "nsq_runfor": "1s", "nsq_rounds": 1,
          "scaling": 200, "tls": 2_000, "settle": 0.0, "consumers_many": 50,
-         "consumers_idle": 50, "writers_runfor": "1s",
+         "consumers_idle": 50, "writers_runfor": "1s", "writers_rounds": 1,
          # One memory-source run for each Spark ratio (not one before and one after the
          # pynsq reads), no warm-up, "batches of" in two batches, and the latency's
          # sources one turn each.
@@ -101,7 +101,8 @@ def spark_rows(sizes: dict, spark=None) -> list[dict]:
         rate = spark_source.rate_micro_batch(spark, sizes["spark"])
         lat = spark_latency.run(spark, sizes["spark_latency_s"], sizes["spark_warm_up_s"],
                                 segments=sizes.get("spark_latency_segments", 4))
-        w = writers.run(spark, sizes["writers"], 2, sizes["writers_runfor"])
+        w = writers.run(spark, sizes["writers"], 2, sizes["writers_runfor"],
+                        sizes["writers_rounds"])
     finally:
         if own:
             spark.stop()
@@ -125,13 +126,28 @@ def spark_rows(sizes: dict, spark=None) -> list[dict]:
             w["noop_rows_per_s"], "÷ Spark's noop sink, same cached DataFrame"),
         *([row(f"Spark {name} (÷ bench_writer, same broker)", w[f"{key}_rows_per_s"], "rows/s",
                w["bench_writer_msgs_per_s"], "ratio >= 0.5 (÷ NSQ's bench_writer MPUB 200x100B "
-               "into the same pynsqd, same run)")
+               f"into the same pynsqd; median of {w['rounds']} rounds' ratios, worst "
+               f"{w[f'{key}_vs_bench_writer']['worst']})",
+               ratio=w[f"{key}_vs_bench_writer"]["median"])
            for name, key in (("pub_to_topic", "pub_to_topic"),
                              ("format(\"pynsq\") sink", "native_sink"))]
           if w["bench_writer_msgs_per_s"] else []),
         row("Spark format(\"pynsq\") sink (÷ pub_to_topic)", w["native_sink_rows_per_s"],
             "rows/s", w["pub_to_topic_rows_per_s"],
-            "ratio >= 1.0 (the native sink no slower than pub_to_topic)"),
+            "ratio >= 1.0 (the native sink no slower than pub_to_topic; median of "
+            f"{w['rounds']} rounds' ratios, worst {w['native_sink_vs_pub_to_topic']['worst']})",
+            ratio=w["native_sink_vs_pub_to_topic"]["median"]),
+        *[row(f"Spark {name} first call (starts its Python workers)", w["first_write_s"][key],
+              "s", None, "reference: a query's first batch; rows above: the calls after it")
+          for name, key in (("pub_to_topic", "pub_to_topic"),
+                            ("format(\"pynsq\") sink", "native_sink"))],
+        *([row(f"Spark {name} CPU/row, all processes (÷ bench_writer's CPU/msg)",
+               round(sum(w["cpu_us_per_row"][key].values()), 2), "us/row",
+               round(sum(w["bench_writer_cpu_us_per_msg"].values()), 2),
+               "reference: JVM + Python workers + broker + driver, from /proc")
+           for name, key in (("pub_to_topic", "pub_to_topic"),
+                             ("format(\"pynsq\") sink", "native_sink"))]
+          if w["bench_writer_msgs_per_s"] else []),
     ]
 
 

@@ -83,11 +83,13 @@ def test_the_spark_rows_are_measured_and_marked(spark):
     for figure in ["Spark pynsq -> noop", "Spark pynsq -> noop, one",
                    "Spark pynsq -> noop, batches of", "Spark latency p50", "Spark latency p99",
                    "Spark pub_to_topic", "Spark format(\"pynsq\") sink",
-                   "Spark format(\"pynsq\") sink (÷ pub_to_topic)"]:
+                   "Spark format(\"pynsq\") sink (÷ pub_to_topic)",
+                   "Spark pub_to_topic first call", "Spark format(\"pynsq\") sink first call"]:
         assert any(f.startswith(figure) for f in figures), figure
     if nsq_bench.nsq_bin() is not None:
         for figure in ["Spark pub_to_topic (÷ bench_writer, same broker)",
-                       "Spark format(\"pynsq\") sink (÷ bench_writer, same broker)"]:
+                       "Spark format(\"pynsq\") sink (÷ bench_writer, same broker)",
+                       "Spark pub_to_topic CPU/row, all processes (÷ bench_writer's CPU/msg)"]:
             assert figure in figures
     for r in rows:
         _row_is_well_formed(r)
