@@ -66,7 +66,10 @@ from .options import (DEFAULT_RECONNECT_TIMEOUT_MS, OptionError, _check_unknown,
                       parse_addresses, require_name, security_options)
 
 BODY, TOPIC, DEFER, TTL = "body", "topic", "defer_ms", "ttl_ms"
-DEFAULT_BATCH_SIZE = 500
+# Rows per MPUB. A gRPC call costs the broker and the writer hundreds of microseconds
+# whatever it holds (more than 500 rows of 100 bytes cost them): in requests of 5,000 that
+# cost is a tenth of a microsecond a row.
+DEFAULT_BATCH_SIZE = 5000
 # An MPUB is also cut before its bodies pass this many bytes, under the broker's
 # --max-body-size (nsqd's default: 5 MiB), so large rows never make a request the
 # broker refuses. The cut depends only on the rows, so a replay names the same requests.
@@ -431,7 +434,9 @@ def pub_to_topic(address: str, topic: str, *, batch_size: int = DEFAULT_BATCH_SI
                                           reconnect_timeout_ms=reconnect_timeout_ms)
             yield pa.RecordBatch.from_pydict({"published": [published]})
 
-        df.select(*columns).mapInArrow(publish, "published LONG").groupBy().sum().collect()
+        # One row per partition comes back; summing them on the executors would cost a
+        # second stage (a shuffle) per batch, more than the whole write of a small batch.
+        df.select(*columns).mapInArrow(publish, "published LONG").collect()
 
     return publish_batch
 

@@ -11,26 +11,29 @@ import pytest
 
 from broker import Client, EmbeddedBroker
 from broker.client import BrokerUnavailable
-from spark_connector.writer import PartitionPublisher
+from spark_connector.writer import DEFAULT_BATCH_SIZE, PartitionPublisher
 
 from .helpers import Daemon, free_port, wait_for
 from .test_spark_writers import drain
 
 
-def test_rows_larger_than_the_body_limit_in_total_are_published_in_several_requests():
-    body = b"x" * (300 << 10)            # 30 rows of 300 KiB: 9 MiB, over the 5 MiB limit
+@pytest.mark.parametrize("rows, size", [(30, 300 << 10),    # 9 MiB in rows of 300 KiB
+                                         (5000, 1200)])        # 6 MB in one default batch
+def test_rows_larger_than_the_body_limit_in_total_are_published_in_several_requests(rows, size):
+    body = b"x" * size                   # over the 5 MiB limit in all
     with EmbeddedBroker() as broker, Client(broker.address) as client:
         client.admin("channel", "create", "big", "all")
-        publisher = PartitionPublisher(broker.address, "big", "test:big:0", 500, "partition 0")
+        publisher = PartitionPublisher(broker.address, "big", "test:big:0", DEFAULT_BATCH_SIZE,
+                                       "partition 0")
         try:
-            for i in range(30):
+            for i in range(rows):
                 publisher.add(body[:-4] + b"%04d" % i)
-            assert publisher.finish() == 30
+            assert publisher.finish() == rows
             assert publisher.sequence > 1      # cut into several MPUBs
         finally:
             publisher.close()
         [topic] = client.stats("big").topics
-        assert topic.channels[0].depth == 30
+        assert topic.channels[0].depth == rows
 
 
 def _publish_rows(address: str, rows: list[bytes], **kwargs) -> int:
