@@ -123,7 +123,7 @@ def schema(**columns) -> StructType:
 BODY = schema(body=BinaryType())
 
 
-def test_sink_options_default_to_batches_of_500_from_the_writer_named_sink():
+def test_sink_options_default_to_batches_of_5000_from_the_writer_named_sink():
     o = WriterOptions.parse({"ADDRESS": "h:1", "Topic": "lines"}, BODY)
     assert (o.address, o.topic, o.batch_size, o.producer) == ("h:1", "lines", 5000, "sink")
     o = WriterOptions.parse({"address": "h:1", "topic": "t", "batchSize": "7",
