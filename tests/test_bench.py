@@ -236,3 +236,31 @@ def test_latency_figures_are_the_medians_of_rounds_that_each_count_every_message
     stats = channel_stats(client, "latency", "work")
     assert (stats.finish_count, stats.requeue_count, stats.depth) == (120, 0, 0)
     assert gc.isenabled()
+
+
+def test_the_writers_rates_are_medians_and_each_ratio_the_median_of_its_rounds_ratios():
+    """A writer's ratio to bench_writer is taken round by round (the same load on both),
+    then the median of those and the worst beside it; never one round's rate over another's."""
+    from benchmarks.writers import summarise
+
+    def measured(noop: int, fb: int, sink: int, tool: int, broker_us: float) -> dict:
+        cpu = {"jvm": 1.0, "python_workers": 1.0, "broker": broker_us, "driver": 0.0}
+        return {"noop": {"rows_per_s": noop, "cpu_us_per_row": cpu},
+                "pub_to_topic": {"rows_per_s": fb, "cpu_us_per_row": cpu},
+                "native_sink": {"rows_per_s": sink, "cpu_us_per_row": cpu},
+                "bench_writer": {"msgs_per_s": tool,
+                                 "cpu_us_per_msg": {"broker": 1.0, "bench_writer": 0.3}}}
+
+    rounds = [measured(1000, 100, 150, 400, 2.0), measured(900, 300, 240, 500, 1.0),
+              measured(800, 200, 100, 1000, 1.5)]
+    r = summarise(10, {"noop": 1.0, "pub_to_topic": 9.0, "native_sink": 12.0}, rounds, [10] * 3)
+    assert (r["pub_to_topic_rows_per_s"], r["native_sink_rows_per_s"],
+            r["bench_writer_msgs_per_s"]) == (200, 150, 500)
+    # each round's ratio: 0.25, 0.6, 0.2; the median rate over the median rate would be 0.4
+    assert r["pub_to_topic_vs_bench_writer"] == {"median": 0.25, "worst": 0.2,
+                                                 "rounds": [0.25, 0.6, 0.2]}
+    assert r["native_sink_vs_bench_writer"]["median"] == 0.375
+    assert r["native_sink_vs_pub_to_topic"] == {"median": 0.8, "worst": 0.5,
+                                                "rounds": [1.5, 0.8, 0.5]}
+    assert r["cpu_us_per_row"]["native_sink"]["broker"] == 1.5
+    assert r["first_write_s"]["native_sink"] == 12.0
