@@ -280,7 +280,7 @@ class V2Connection(asyncio.Protocol):
             self._write_out()
         elif not self.flush_scheduled:
             self.flush_scheduled = True
-            self.loop.call_soon(self._flush)
+            self.server.flush_soon(self)
 
     def _hold_output(self) -> None:
         """Stop reading until the socket drains; a client whose unsent output passes
@@ -797,6 +797,27 @@ class TcpServer:
         self.listener: Listener | None = None
         # Most a client may have buffered in one unfinished command.
         self.max_pending = broker.options.max_body_size + wire.MAX_LINE + 8
+        # Connections whose output waits for this pass of the event loop to end: one
+        # callback writes them all (a thousand consumers, each FINed and refilled in one
+        # pass, are a thousand writes, not a thousand callbacks as well).
+        self._unflushed: list[V2Connection] = []
+
+    def flush_soon(self, conn: V2Connection) -> None:
+        """Write ``conn``'s output once this pass of the event loop ends."""
+        if not self._unflushed:
+            conn.loop.call_soon(self._flush_all)
+        self._unflushed.append(conn)
+
+    def _flush_all(self) -> None:
+        conns, self._unflushed = self._unflushed, []
+        for conn in conns:
+            if conn.flush_scheduled:   # (not written meanwhile, by a close say)
+                try:
+                    conn._flush()
+                except Exception as err:  # one connection's fault: the others are written
+                    conn.loop.call_exception_handler({
+                        "message": f"TCP client {conn.name}: writing failed", "exception": err,
+                        "protocol": conn})
 
     async def start(self, address: str, reuse_port: bool = False) -> str:
         """Listen on ``address``; with ``reuse_port``, beside other processes listening
