@@ -505,7 +505,10 @@ class Channel:
                     msg.attempts += 1
                 msg.consumer = consumer
             in_flight.push_many(batch, now + consumer.msg_timeout)
-            consumer.in_flight.update({msg.id: msg for msg in batch})
+            if len(batch) == 1:   # (many consumers with a little room each)
+                consumer.in_flight[batch[0].id] = batch[0]
+            else:
+                consumer.in_flight.update({msg.id: msg for msg in batch})
         self._timers_started()
         self._store.delivered(self, msgs)
         wanting = self._wanting

@@ -45,7 +45,12 @@ class DeadlineQueue:
     def push(self, msg: Message, deadline: float) -> None:
         msg.deadline = deadline
         msg.token += 1
-        self._add((deadline, next(self._seq), msg, msg.token))
+        entry = (deadline, next(self._seq), msg, msg.token)
+        run = self._run
+        if not run or deadline >= run[-1][0]:
+            run.append(entry)   # in order (O(1))
+        else:
+            heapq.heappush(self._heap, entry)
         self._live += 1
         self._slots += 1
 
@@ -71,7 +76,11 @@ class DeadlineQueue:
 
     def push_many(self, msgs: list[Message], deadline: float) -> None:
         """Push messages sharing one deadline (a lease) as one entry: O(log n) in all."""
-        if not msgs:
+        if len(msgs) < 2:
+            # One (a consumer with RDY 1 or 2): a single entry is cheaper to make,
+            # to void and to drop.
+            if msgs:
+                self.push(msgs[0], deadline)
             return
         tokens = []
         for msg in msgs:
@@ -97,15 +106,32 @@ class DeadlineQueue:
             msg.token += 1
         self._live -= len(msgs)
         at = 0
-        while (first := self._first()) is not None:
-            group = first[2]
-            if type(group) is list and group == msgs[at:at + len(group)]:
-                # The next of ``msgs`` are this entry's: it is void, known without asking
-                # each message (comparing lists of the same objects compares pointers).
-                at += len(group)
-            elif _has_live(first):
+        run, heap = self._run, self._heap
+        while True:   # (``_first`` and ``_pop_first`` inline: this runs at every FIN)
+            if heap and (not run or heap[0] < run[0]):
+                first, in_run = heap[0], False
+            elif run:
+                first, in_run = run[0], True
+            else:
                 break
-            self._slots -= _size(self._pop_first())
+            group = first[2]
+            if type(group) is not list:
+                if first[3] == group.token:
+                    break   # live
+                self._slots -= 1
+            else:
+                if group == msgs[at:at + len(group)]:
+                    # The next of ``msgs`` are this entry's: it is void, known without
+                    # asking each message (comparing lists of the same objects compares
+                    # pointers).
+                    at += len(group)
+                elif _has_live(first):
+                    break
+                self._slots -= len(group)
+            if in_run:
+                run.popleft()
+            else:
+                heapq.heappop(heap)
         if self._slots > self._compact_above and self._slots > 4 * self._live:
             self._compact()
 

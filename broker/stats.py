@@ -75,6 +75,9 @@ class LatencySample:
         ``now_ns`` less the bound), the sum from their total; only the newest ``size``
         publish times are kept for the percentiles."""
         n = len(published_ns)
+        if n == 1:   # a consumer FINing one at a time (RDY 1 or 2): the usual FIN
+            self.add((now_ns - published_ns[0]) / 1e6)
+            return
         if n < len(HISTOGRAM_BOUNDS_MS):
             self.add_many([(now_ns - t) / 1e6 for t in published_ns])
             return

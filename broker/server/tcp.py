@@ -234,6 +234,13 @@ class V2Connection(asyncio.Protocol):
         if self.state is CLOSED:
             return   # hung up: what the client still sends is dropped
         self.last_read = time.monotonic()
+        if self.state.fins and not self.buf and not self.output_held:
+            # A consumer's usual read, FIN lines only and all whole: finished from what
+            # was read, without the buffer (as ``_process`` would).
+            ids, end = wire.read_fins(data, 0)
+            if end == len(data):
+                self._fin_many(ids)
+                return
         self.buf += data
         self._process(final=False)
 
