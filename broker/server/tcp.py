@@ -310,8 +310,9 @@ class V2Connection(asyncio.Protocol):
     def _flush(self) -> None:
         self.flush_scheduled = False
         self._write_out()
-        if self.consumer is not None and not self.write_paused:
-            self.consumer.unblock()
+        consumer = self.consumer
+        if consumer is not None and consumer.blocked and not self.write_paused:
+            consumer.unblock()
 
     def _write_out(self) -> None:
         """Hand what is queued to the transport (which calls ``pause_writing`` if
@@ -332,7 +333,12 @@ class V2Connection(asyncio.Protocol):
     def _on_messages(self, msgs: "list[Message] | tuple[Message, ...]") -> None:
         # The frames' parts go out as they are: joined once per write, not per message.
         self.out_bytes += wire.add_message_frames(self.out, msgs)
-        self._queued()
+        # (``_queued``, inline: a consumer is handed messages once per event of its own)
+        if self.out_bytes >= self.output_buffer_size:
+            self._write_out()
+        elif not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.server.flush_soon(self)
 
     def _set_buffer_limits(self) -> None:
         if self.transport is not None:
