@@ -121,8 +121,12 @@ def measure(broker: str, messages: int, consumers: int, idle: int = 0,
                       "--log-level", "warn", "--mem-queue-size", str(messages * 2)], port)
     else:
         data = None
+        # Every consumer here comes from one address, which pynsqd's default per-client
+        # cap (half the connections the open-file limit allows) would refuse past some
+        # thousands: the cap is let up to what this shape opens (nsqd has none).
         proc, _ = start_pynsqd("--tcp-address", f"127.0.0.1:{port}", "--http-address", "",
-                               "--mem-queue-size", str(messages * 2))
+                               "--mem-queue-size", str(messages * 2),
+                               "--max-connections-per-client", str(consumers + idle + 16))
     try:
         wait_listening(port)
         return asyncio.run(shape(port, proc.pid, 1, 1, consumers, messages, idle))
