@@ -19,7 +19,9 @@ follow. So a count is the broker's own user-space instructions, of the measured 
   shape of many consumers on one channel: 10 or 1,000 consumers over TCP, each with RDY
   2,500 ÷ consumers and a FIN per message, drain ``--messages`` published meanwhile
   (MPUB 200 × 100 B); ``fanout-idle`` is the 10 beside 2,000 more subscribed that never
-  send RDY. Counted from the first RDY to the last delivery, per delivery.
+  send RDY. Counted from the first RDY to the last delivery, per delivery. The consumers
+  ask for heartbeats every 60 s, NSQ's most: a heartbeat costs by the second, and the
+  broker runs slowly under callgrind.
 
 The process's garbage collector is set as pynsqd sets it (``broker.daemon``): with
 Python's defaults, young collections of the messages read back from disk would count
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import json
 import os
 import pstats
 import re
@@ -210,11 +213,24 @@ async def tcp_client(address: str, n: int) -> None:
 
 async def fanout_client(case: str, address: str, n: int) -> None:
     """``scaling.shape``'s consumers and publisher, counted from their first RDY."""
-    from benchmarks.scaling import BATCH as MPUB_BATCH, drain, mpub, subscribe
+    from benchmarks.scaling import BATCH as MPUB_BATCH, drain, mpub
     from benchmarks.tcp_throughput import read_frames
 
     active, idle = FANOUT[case]
     port = int(address.rsplit(":", 1)[1])
+    # Heartbeats as seldom as NSQ allows: they cost by the second, not by the delivery,
+    # and a broker under callgrind runs some 50 times slower.
+    identify = json.dumps({"heartbeat_interval": 60_000}).encode()
+
+    async def subscribe(port: int, topic: str, channel: str) -> tuple:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"  V2IDENTIFY\n" + struct.pack(">i", len(identify)) + identify
+                     + b"SUB %s %s\n" % (topic.encode(), channel.encode()))
+        buf, frames = bytearray(), []
+        while len(frames) < 2:
+            frames += await read_frames(reader, buf)
+        assert frames[:2] == [(0, b"OK"), (0, b"OK")], frames
+        return reader, writer
     subs = [await subscribe(port, "bench", "work") for _ in range(active)]
     idlers = [await subscribe(port, "bench", "work") for _ in range(idle)]
     pub_reader, pub = await asyncio.open_connection("127.0.0.1", port)
