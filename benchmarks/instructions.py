@@ -2,7 +2,7 @@
 the machine's load.
 
     python benchmarks/instructions.py [--messages 20000] [--cases grpc,grpc-memory,...]
-                                      [--keep DIR]
+                                      [--keep DIR] [--event-loop uvloop]
 
 Each case runs a broker inside a process under ``valgrind --tool=callgrind``, with
 counting off while it is set up; its clients run in a subprocess callgrind does not
@@ -27,7 +27,8 @@ The process's garbage collector is set as pynsqd sets it (``broker.daemon``): wi
 Python's defaults, young collections of the messages read back from disk would count
 towards a durable consume (about 1,300 instructions a message).
 
-Counting is switched on and off with ``callgrind_control``. ``--keep DIR`` keeps each
+The broker runs on asyncio's event loop, or on uvloop with ``--event-loop uvloop`` (as
+``pynsqd --event-loop``). Counting is switched on and off with ``callgrind_control``. ``--keep DIR`` keeps each
 case's ``callgrind.out.CASE`` for ``callgrind_annotate``. Needs valgrind.
 ``--profile CASE`` runs one case without callgrind, and prints where the broker's
 thread spent its CPU time in the measured part, by Python function (cProfile).
