@@ -2,7 +2,7 @@
 the machine's load.
 
     python benchmarks/instructions.py [--messages 20000] [--cases grpc,grpc-memory,...]
-                                      [--keep DIR]
+                                      [--keep DIR] [--event-loop uvloop]
 
 Each case runs a broker inside a process under ``valgrind --tool=callgrind``, with
 counting off while it is set up; its clients run in a subprocess callgrind does not
@@ -14,13 +14,21 @@ follow. So a count is the broker's own user-space instructions, of the measured 
   ids of each read FINed together, then CLS); counted from its first RDY to its CLOSE_WAIT;
 - ``pub`` (durable) and ``pub-memory``: ``--messages`` PUBs of 100 B through the core to
   a topic with one channel, each written as it is made (as a PUB over a wire is
-  acknowledged).
+  acknowledged);
+- ``fanout-10``, ``fanout-1000`` and ``fanout-idle`` (memory-only): ``benchmarks/scaling.py``'s
+  shape of many consumers on one channel: 10 or 1,000 consumers over TCP, each with RDY
+  2,500 ÷ consumers and a FIN per message, drain ``--messages`` published meanwhile
+  (MPUB 200 × 100 B); ``fanout-idle`` is the 10 beside 2,000 more subscribed that never
+  send RDY. Counted from the first RDY to the last delivery, per delivery. The consumers
+  ask for heartbeats every 60 s, NSQ's most: a heartbeat costs by the second, and the
+  broker runs slowly under callgrind.
 
 The process's garbage collector is set as pynsqd sets it (``broker.daemon``): with
 Python's defaults, young collections of the messages read back from disk would count
 towards a durable consume (about 1,300 instructions a message).
 
-Counting is switched on and off with ``callgrind_control``. ``--keep DIR`` keeps each
+The broker runs on asyncio's event loop, or on uvloop with ``--event-loop uvloop`` (as
+``pynsqd --event-loop``). Counting is switched on and off with ``callgrind_control``. ``--keep DIR`` keeps each
 case's ``callgrind.out.CASE`` for ``callgrind_annotate``. Needs valgrind.
 ``--profile CASE`` runs one case without callgrind, and prints where the broker's
 thread spent its CPU time in the measured part, by Python function (cProfile).
@@ -31,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import json
 import os
 import pstats
 import re
@@ -49,18 +58,22 @@ if TYPE_CHECKING:
 
 BATCH, SIZE, RDY = 100, 100, 1000
 BODY = b"x" * SIZE
-CASES = ("grpc", "grpc-memory", "tcp", "tcp-memory", "pub", "pub-memory")
+CASES = ("grpc", "grpc-memory", "tcp", "tcp-memory", "pub", "pub-memory", "fanout-10",
+         "fanout-1000", "fanout-idle")
+# (active consumers, idle consumers) of each fan-out case.
+FANOUT = {"fanout-10": (10, 0), "fanout-1000": (1000, 0), "fanout-idle": (10, 2000)}
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def count(case: str, messages: int, keep: Path | None) -> int:
+def count(case: str, messages: int, keep: Path | None, event_loop: str = "asyncio") -> int:
     """The instructions ``case`` counts (a callgrind run of this file's ``--case``)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / f"callgrind.out.{case}"
         subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no",
                         f"--callgrind-out-file={out}", sys.executable, __file__,
-                        "--case", case, "--messages", str(messages)],
+                        "--case", case, "--messages", str(messages),
+                        "--event-loop", event_loop],
                        check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
         text = out.read_text(errors="replace")
@@ -73,7 +86,8 @@ def count(case: str, messages: int, keep: Path | None) -> int:
     return int(found.group(1))
 
 
-def run_case(case: str, messages: int, profile: bool = False) -> None:
+def run_case(case: str, messages: int, profile: bool = False,
+             event_loop: str = "asyncio") -> None:
     """One case, in the process callgrind watches (or, with ``profile``, cProfile the
     broker's thread)."""
     from broker.daemon import freeze_start_up_objects, tune_garbage_collector
@@ -83,8 +97,11 @@ def run_case(case: str, messages: int, profile: bool = False) -> None:
     tune_garbage_collector()  # as pynsqd does
     freeze_start_up_objects()
     with tempfile.TemporaryDirectory() as data:
-        options = {} if store == "memory" else {"data_path": data}
-        with EmbeddedBroker(**options) as embedded:
+        options = {} if store == "memory" or case in FANOUT else {"data_path": data}
+        if case in FANOUT:
+            from benchmarks.scaling import more_sockets
+            more_sockets()
+        with EmbeddedBroker(event_loop=event_loop, **options) as embedded:
             broker = embedded.broker
             profiler = cProfile.Profile(time.thread_time_ns, 1e-9)
 
@@ -96,7 +113,9 @@ def run_case(case: str, messages: int, profile: bool = False) -> None:
                                     str(os.getpid())], check=True, stdout=subprocess.DEVNULL)
 
             embedded.call(lambda: broker.create_channel("bench", "work"))
-            if protocol == "pub":
+            if case in FANOUT:
+                consume(case, embedded, messages, counting)
+            elif protocol == "pub":
                 counting(True)
                 for first in range(0, messages, BATCH):  # (a call may take 30 s at most)
                     embedded.call(publish, broker, min(BATCH, messages - first))
@@ -193,6 +212,47 @@ async def tcp_client(address: str, n: int) -> None:
     writer.close()
 
 
+async def fanout_client(case: str, address: str, n: int) -> None:
+    """``scaling.shape``'s consumers and publisher, counted from their first RDY."""
+    from benchmarks.scaling import BATCH as MPUB_BATCH, drain, mpub
+    from benchmarks.tcp_throughput import read_frames
+
+    active, idle = FANOUT[case]
+    port = int(address.rsplit(":", 1)[1])
+    # Heartbeats as seldom as NSQ allows: they cost by the second, not by the delivery,
+    # and a broker under callgrind runs some 50 times slower.
+    identify = json.dumps({"heartbeat_interval": 60_000}).encode()
+
+    async def subscribe(port: int, topic: str, channel: str) -> tuple:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"  V2IDENTIFY\n" + struct.pack(">i", len(identify)) + identify
+                     + b"SUB %s %s\n" % (topic.encode(), channel.encode()))
+        buf, frames = bytearray(), []
+        while len(frames) < 2:
+            frames += await read_frames(reader, buf)
+        assert frames[:2] == [(0, b"OK"), (0, b"OK")], frames
+        return reader, writer
+    subs = [await subscribe(port, "bench", "work") for _ in range(active)]
+    idlers = [await subscribe(port, "bench", "work") for _ in range(idle)]
+    pub_reader, pub = await asyncio.open_connection("127.0.0.1", port)
+    pub.write(b"  V2")
+    await ready()
+    target = n // MPUB_BATCH * MPUB_BATCH
+    counter, done = {"got": 0}, asyncio.Event()
+    drains = [asyncio.create_task(drain(r, w, max(1, 2500 // active), counter, target, done))
+              for r, w in subs]
+    buf = bytearray()
+    for _ in range(target // MPUB_BATCH):
+        pub.write(mpub("bench", MPUB_BATCH))
+        await read_frames(pub_reader, buf)
+    await done.wait()
+    for task in drains:
+        task.cancel()
+    await asyncio.gather(*drains, return_exceptions=True)
+    for _, writer in subs + idlers + [(None, pub)]:
+        writer.close()
+
+
 async def ready() -> None:
     """Say so, and wait for the word to go (counting is switched on between)."""
     print("subscribed", flush=True)
@@ -205,23 +265,33 @@ def main() -> None:
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--keep", type=Path)
     parser.add_argument("--profile", metavar="CASE", choices=CASES)
+    parser.add_argument("--event-loop", default="asyncio", choices=("asyncio", "uvloop"),
+                        help="the broker's event loop (as pynsqd's --event-loop)")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--client", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case or args.profile:
-        run_case(args.case or args.profile, args.messages, profile=bool(args.profile))
+        run_case(args.case or args.profile, args.messages, profile=bool(args.profile),
+                 event_loop=args.event_loop)
         return
     if args.client:
         protocol, address = args.client
-        asyncio.run((grpc_client if protocol == "grpc" else tcp_client)(address, args.messages))
+        if protocol in FANOUT:
+            from benchmarks.scaling import more_sockets
+            more_sockets()
+            asyncio.run(fanout_client(protocol, address, args.messages))
+        else:
+            asyncio.run((grpc_client if protocol == "grpc" else tcp_client)(address,
+                                                                           args.messages))
         print("done", flush=True)
         return
     results = {}
     for case in args.cases.split(","):
         if case not in CASES:
             parser.error(f"--cases: {case!r} is none of {', '.join(CASES)}")
-        results[case] = count(case, args.messages, args.keep)
-        unit = "PUB" if case.startswith("pub") else "message"
+        results[case] = count(case, args.messages, args.keep, args.event_loop)
+        unit = "PUB" if case.startswith("pub") else \
+            "delivery" if case in FANOUT else "message"
         print(f"{case:12} {results[case]:>13,} instructions  "
               f"{results[case] / args.messages:>9,.0f} per {unit}", flush=True)
     for protocol in ("grpc", "tcp"):

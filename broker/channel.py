@@ -321,7 +321,8 @@ class Channel:
             finished = [msg for msg in finished if msg is not None]
             ids = None
         self._finished(consumer, finished, ids)
-        self._may_have_room(consumer)
+        if consumer in self._seat:   # (``_may_have_room``, inline: at every FIN)
+            self._wanting.add(consumer)
         self._pump()
         return failures
 
@@ -510,14 +511,20 @@ class Channel:
                 if msg.attempts < MAX_ATTEMPTS:
                     msg.attempts += 1
                 msg.consumer = consumer
-            in_flight.push_many(batch, now + consumer.msg_timeout)
-            consumer.in_flight.update({msg.id: msg for msg in batch})
+            if len(batch) == 1:   # (many consumers with a little room each)
+                in_flight.push(batch[0], now + consumer.msg_timeout)
+                consumer.in_flight[batch[0].id] = batch[0]
+            else:
+                in_flight.push_many(batch, now + consumer.msg_timeout)
+                consumer.in_flight.update({msg.id: msg for msg in batch})
         self._timers_started()
         self._store.delivered(self, msgs)
         wanting = self._wanting
         for consumer, batch in batches:
             consumer.deliver_many(batch)
-            if consumer.room() <= 0:
+            # (``room() <= 0``, inline: once per consumer served)
+            if consumer.closing or consumer.blocked \
+                    or consumer.rdy <= len(consumer.in_flight):
                 wanting.discard(consumer)
         return bool(max_bytes) and len(msgs) < room
 

@@ -18,7 +18,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable, TypeVar
 
-from .app import BrokerApp
+from .app import BrokerApp, new_event_loop
 from .core import Broker
 from .options import Options
 
@@ -77,7 +77,7 @@ class EmbeddedBroker:
         if self._app is not None:
             return self
         started: Future = Future()
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop(self.options.event_loop)   # (as pynsqd's --event-loop)
 
         def run() -> None:
             asyncio.set_event_loop(self._loop)

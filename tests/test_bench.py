@@ -165,6 +165,33 @@ def test_production_shapes_are_judged_by_their_worst_round_for_rates_and_cpu_ali
     assert (spilling["ratio"], spilling["met"]) == (1.9, True)
 
 
+def test_many_consumers_against_nsqd_are_judged_by_their_worst_round(monkeypatch):
+    """"At or beyond nsqd" at many consumers, in every round: one round behind nsqd's
+    rate, or over its CPU per delivery, misses the row however good the others."""
+    from benchmarks import run, scaling
+
+    def figures(rate: int, cpu: float) -> dict:
+        return {"deliveries": 1000, "deliveries_per_s": rate, "broker_cpu_us_per_delivery": cpu}
+
+    pairs = [(figures(120, 20.0), figures(100, 25.0)), (figures(90, 30.0), figures(100, 24.0)),
+             (figures(130, 18.0), figures(100, 20.0))]
+    by_round = [{"pynsqd": ours, "nsqd": theirs} for ours, theirs in pairs]
+    result = {"messages": 1000, "few": 10, "many": 1000, "idle": 50,
+              "pynsqd": {"few": figures(500, 4.0), "few_with_idle": figures(500, 4.0),
+                         "many": by_round[0]["pynsqd"]},
+              "nsqd": {"few": figures(400, 4.0), "many": by_round[0]["nsqd"]},
+              "by_round": by_round}
+    monkeypatch.setattr(scaling, "consumers_vs_nsqd", lambda *args: result)
+    monkeypatch.setattr(nsq_bench, "nsq_bin", lambda: Path("nsq"))
+    rows = {r["figure"]: r for r in run.consumer_rows(run.SMOKE)}
+    rate = rows["consumers: 1,000 on one channel (÷ nsqd)"]
+    assert (rate["ratio"], rate["met"]) == (0.9, False)
+    assert "rounds 1.20, 0.90, 1.30" in rate["goal"]
+    cpu = rows["CPU/delivery, 1,000 consumers (÷ nsqd)"]
+    assert (cpu["ratio"], cpu["met"]) == (1.25, False)
+    assert "rounds 0.80, 1.25, 0.90" in cpu["goal"]
+
+
 def test_each_row_is_marked_met_or_missed_against_the_goal_it_opens_with():
     from benchmarks.run import row, summary, table_row
 

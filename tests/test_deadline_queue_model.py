@@ -76,7 +76,7 @@ test_deadline_queue_agrees_with_a_dict_of_deadlines = QueueModel.TestCase
 
 def _slots_held(queue: DeadlineQueue) -> int:
     """Messages the queue's entries hold, live or stale (what its memory grows with)."""
-    return sum(len(e[2]) if type(e[2]) is list else 1 for e in queue._heap)
+    return sum(len(e[2]) if type(e[2]) is list else 1 for e in [*queue._run, *queue._heap])
 
 
 def _messages(n: int, start: int = 0) -> list[Message]:
@@ -117,10 +117,10 @@ def test_cancelling_a_few_among_many_live_messages_does_not_rebuild_the_queue():
     live = _messages(2000)
     for msg in live:
         queue.push(msg, 1e6)
-    heap = queue._heap
+    run = queue._run
     queue.cancel_many(live[:10])
     queue.cancel(live[10])
-    assert queue._heap is heap and len(queue) == 1989
+    assert queue._run is run and len(queue) == 1989
 
     queue = DeadlineQueue()
     queue.push_many(_messages(600), 1.0)
@@ -128,6 +128,6 @@ def test_cancelling_a_few_among_many_live_messages_does_not_rebuild_the_queue():
     for msg in singles:
         queue.push(msg, 1e6)
     assert len(list(queue.pop_due(1.0))) == 600
-    heap = queue._heap
+    run = queue._run
     queue.cancel(singles[0])
-    assert queue._heap is heap and len(queue) == 299
+    assert queue._run is run and len(queue) == 299

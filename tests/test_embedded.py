@@ -52,3 +52,17 @@ def test_the_broker_runs_in_a_daemon_thread_of_its_own_named_for_it():
         assert len(started) == 1 and started[0].daemon
     started[0].join(10)
     assert not started[0].is_alive()
+
+
+def test_an_embedded_broker_runs_on_the_event_loop_its_options_name():
+    """``event_loop`` is pynsqd's ``--event-loop``: an embedded broker (the benchmarks'
+    counts under each loop among its users) serves on the loop it names."""
+    uvloop = pytest.importorskip("uvloop")
+    import asyncio
+    for name, kind in (("asyncio", asyncio.BaseEventLoop), ("uvloop", uvloop.Loop)):
+        with EmbeddedBroker(event_loop=name) as embedded:
+            assert isinstance(embedded.call(asyncio.get_running_loop), kind)
+            with Client(embedded.address) as client:
+                client.publish("t", b"on " + name.encode())
+                with client.subscribe("t", "ch", rdy=1) as sub:
+                    assert sub.get(30).body == b"on " + name.encode()

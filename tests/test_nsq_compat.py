@@ -287,6 +287,27 @@ def test_fins_sent_in_one_write_finish_each_held_message_and_report_each_other_o
     assert (channel.finish_count, channel.in_flight_count) == (3, 2)
 
 
+def test_fins_and_the_commands_after_them_in_one_write_each_run(broker, client):
+    """FIN lines read at once take a path of their own: what follows them in the same
+    read (a REQ, a RDY, a FIN cut in two by the write) runs as well, in order."""
+    ids = client.multi_publish("t", [b"a", b"b", b"c"])
+    raw = Raw(broker.tcp_address)
+    raw.send("SUB t ch")
+    assert raw.frame() == (0, b"OK")
+    raw.send("RDY 3")
+    held = [raw.frame()[1][10:26].decode() for _ in range(3)]
+    assert held == ids
+    raw.sock.sendall(f"FIN {held[0]}\nRDY 0\nREQ {held[1]} 0\nRDY 2\nFIN {held[2][:5]}"
+                     .encode())
+    kind, data = raw.frame()   # REQ put it back, RDY 2 had it sent again
+    assert (kind, data[10:26].decode(), struct.unpack(">H", data[8:10])[0]) == (2, held[1], 2)
+    raw.sock.sendall(f"{held[2][5:]}\nFIN {held[1]}\n".encode())
+    raw.send("NOP")
+    channel = wait_for(lambda: (c := client.stats("t").topics[0].channels[0]).finish_count == 3
+                       and c)
+    assert (channel.requeue_count, channel.in_flight_count, channel.depth) == (1, 0, 0)
+
+
 def test_req_delay_over_max_req_timeout_is_clamped_as_in_nsqd():
     with EmbeddedBroker(max_req_timeout="2s") as broker, Client(broker.address) as client:
         client.admin("channel", "create", "t", "ch")

@@ -234,6 +234,13 @@ class V2Connection(asyncio.Protocol):
         if self.state is CLOSED:
             return   # hung up: what the client still sends is dropped
         self.last_read = time.monotonic()
+        if self.state.fins and not self.buf and not self.output_held:
+            # A consumer's usual read, FIN lines only and all whole: finished from what
+            # was read, without the buffer (as ``_process`` would).
+            ids, end = wire.read_fins(data, 0)
+            if end == len(data):
+                self._fin_many(ids)
+                return
         self.buf += data
         self._process(final=False)
 
@@ -280,7 +287,7 @@ class V2Connection(asyncio.Protocol):
             self._write_out()
         elif not self.flush_scheduled:
             self.flush_scheduled = True
-            self.loop.call_soon(self._flush)
+            self.server.flush_soon(self)
 
     def _hold_output(self) -> None:
         """Stop reading until the socket drains; a client whose unsent output passes
@@ -303,8 +310,9 @@ class V2Connection(asyncio.Protocol):
     def _flush(self) -> None:
         self.flush_scheduled = False
         self._write_out()
-        if self.consumer is not None and not self.write_paused:
-            self.consumer.unblock()
+        consumer = self.consumer
+        if consumer is not None and consumer.blocked and not self.write_paused:
+            consumer.unblock()
 
     def _write_out(self) -> None:
         """Hand what is queued to the transport (which calls ``pause_writing`` if
@@ -325,7 +333,12 @@ class V2Connection(asyncio.Protocol):
     def _on_messages(self, msgs: "list[Message] | tuple[Message, ...]") -> None:
         # The frames' parts go out as they are: joined once per write, not per message.
         self.out_bytes += wire.add_message_frames(self.out, msgs)
-        self._queued()
+        # (``_queued``, inline: a consumer is handed messages once per event of its own)
+        if self.out_bytes >= self.output_buffer_size:
+            self._write_out()
+        elif not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.server.flush_soon(self)
 
     def _set_buffer_limits(self) -> None:
         if self.transport is not None:
@@ -797,6 +810,27 @@ class TcpServer:
         self.listener: Listener | None = None
         # Most a client may have buffered in one unfinished command.
         self.max_pending = broker.options.max_body_size + wire.MAX_LINE + 8
+        # Connections whose output waits for this pass of the event loop to end: one
+        # callback writes them all (a thousand consumers, each FINed and refilled in one
+        # pass, are a thousand writes, not a thousand callbacks as well).
+        self._unflushed: list[V2Connection] = []
+
+    def flush_soon(self, conn: V2Connection) -> None:
+        """Write ``conn``'s output once this pass of the event loop ends."""
+        if not self._unflushed:
+            conn.loop.call_soon(self._flush_all)
+        self._unflushed.append(conn)
+
+    def _flush_all(self) -> None:
+        conns, self._unflushed = self._unflushed, []
+        for conn in conns:
+            if conn.flush_scheduled:   # (not written meanwhile, by a close say)
+                try:
+                    conn._flush()
+                except Exception as err:  # one connection's fault: the others are written
+                    conn.loop.call_exception_handler({
+                        "message": f"TCP client {conn.name}: writing failed", "exception": err,
+                        "protocol": conn})
 
     async def start(self, address: str, reuse_port: bool = False) -> str:
         """Listen on ``address``; with ``reuse_port``, beside other processes listening
