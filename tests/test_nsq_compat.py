@@ -123,7 +123,9 @@ def mpub_body(*bodies: bytes) -> bytes:
     ([("PUB bad!topic", b"x")], b"E_BAD_TOPIC"),
     ([("PUB t", b"")], b"E_BAD_MESSAGE"),
     ([("PUB t", b"x" * (1024 * 1024 + 1))], b"E_BAD_MESSAGE"),
-    ([("MPUB t", b"")], b"E_BAD_BODY"),
+    ([("MPUB t", b"")], b"E_BAD_BODY MPUB invalid body size 0"),
+    ([("MPUB bad!topic", mpub_body(b"x"))], b"E_BAD_TOPIC MPUB invalid topic name 'bad!topic'"),
+    ([("MPUB", None)], b"E_INVALID MPUB insufficient number of parameters"),
     ([("MPUB t", mpub_body(b"ok", b""))], b"E_BAD_MESSAGE"),
     ([("PUB", None)], b"E_INVALID"),
     ([("", None)], b"E_INVALID"),
@@ -192,6 +194,7 @@ def test_a_client_that_never_closes_after_an_error_is_closed_when_the_linger_end
 @pytest.mark.parametrize("data, code", [
     (b"PUB t\n\x00\x00", b"E_BAD_MESSAGE PUB failed to read message body size"),
     (b"PUB t\n\x00\x00\x00\x05abc", b"E_BAD_MESSAGE PUB failed to read message body"),
+    (b"MPUB t\n\x00\x00", b"E_BAD_BODY MPUB failed to read body size"),
     (b"MPUB t\n\x00\x00\x00\x08\x00\x00", b"E_BAD_BODY MPUB failed to read message count"),
     (b"MPUB t\n\x00\x00\x00\x0c\x00\x00\x00\x02\x00\x00\x00\x01x",
      b"E_BAD_MESSAGE MPUB failed to read message(1) body size"),
@@ -360,6 +363,44 @@ def test_heartbeats_are_sent_and_answered_with_nop(broker):
     assert raw.frame() == (0, b"_heartbeat_")
     raw.send("NOP")
     assert raw.frame() == (0, b"_heartbeat_")
+
+
+def negotiate(raw: Raw, **fields: object) -> dict:
+    raw.send("IDENTIFY", json.dumps({"feature_negotiation": True, **fields}).encode())
+    kind, data = raw.frame()
+    assert kind == 0, data
+    return json.loads(data)
+
+
+def test_identify_negotiation_answers_nsqds_fields_from_the_brokers_own_options():
+    from broker import __version__
+
+    with EmbeddedBroker(max_rdy_count=300, msg_timeout=45_000, max_msg_timeout=120_000) as b:
+        asked = negotiate(Raw(b.tcp_address))
+        # nsqd's answer to {"feature_negotiation": true}, field for field (deflate is
+        # declined, so its levels are 0 where nsqd says 6)
+        assert asked == {
+            "max_rdy_count": 300, "version": __version__, "max_msg_timeout": 120_000,
+            "msg_timeout": 45_000, "tls_v1": False, "deflate": False, "deflate_level": 0,
+            "max_deflate_level": 0, "snappy": False, "sample_rate": 0,
+            "auth_required": False, "output_buffer_size": 16384, "output_buffer_timeout": 250}
+        given = negotiate(Raw(b.tcp_address), msg_timeout=5000, output_buffer_size=64,
+                          output_buffer_timeout=1000, tls_v1=True)
+        assert (given["msg_timeout"], given["output_buffer_size"],
+                given["output_buffer_timeout"], given["tls_v1"]) == (5000, 64, 1000, False)
+
+
+def test_identify_minus_one_turns_heartbeats_off_so_sub_is_refused_as_by_nsqd(broker):
+    raw = Raw(broker.tcp_address)
+    assert negotiate(raw, heartbeat_interval=-1, output_buffer_size=-1,
+                     output_buffer_timeout=-1)["output_buffer_timeout"] == 0   # nsqd's "off"
+    raw.send("SUB t ch")
+    assert raw.frame() == (1, b"E_INVALID cannot SUB with heartbeats disabled")
+    # 0 is "no change": the default heartbeat stays on and SUB is taken
+    raw = Raw(broker.tcp_address)
+    negotiate(raw, heartbeat_interval=0, output_buffer_size=0, output_buffer_timeout=0)
+    raw.send("SUB t ch")
+    assert raw.frame() == (0, b"OK")
 
 
 # -- HTTP ----------------------------------------------------------------------
