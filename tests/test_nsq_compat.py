@@ -134,7 +134,7 @@ def mpub_body(*bodies: bytes) -> bytes:
     ([("SUB t ch", None), ("RDY 100000", None)], b"E_INVALID"),
     ([("SUB t ch", None), ("SUB t ch", None)], b"E_INVALID"),
     ([("RDY 1", None)], b"E_INVALID"),
-    ([("IDENTIFY", b"not json")], b"E_BAD_BODY"),
+    ([("IDENTIFY", b"not json")], b"E_BAD_BODY IDENTIFY failed to decode JSON body"),
     ([("IDENTIFY", b'{"heartbeat_interval": "soon"}')], b"E_BAD_BODY"),
     ([("IDENTIFY", b'{"msg_timeout": 5}')], b"E_BAD_BODY"),
     ([("EXPLODE", None)], b"E_INVALID"),
