@@ -135,6 +135,9 @@ def mpub_body(*bodies: bytes) -> bytes:
     ([("SUB t ch", None), ("SUB t ch", None)], b"E_INVALID"),
     ([("RDY 1", None)], b"E_INVALID"),
     ([("IDENTIFY", b"not json")], b"E_BAD_BODY IDENTIFY failed to decode JSON body"),
+    ([("IDENTIFY", b"[]")], b"E_BAD_BODY IDENTIFY failed to decode JSON body: not an object"),
+    ([("IDENTIFY", b"[" * 100_000)],
+     b"E_BAD_BODY IDENTIFY failed to decode JSON body: nested too deeply"),
     ([("IDENTIFY", b'{"heartbeat_interval": "soon"}')], b"E_BAD_BODY"),
     ([("IDENTIFY", b'{"msg_timeout": 5}')], b"E_BAD_BODY"),
     ([("EXPLODE", None)], b"E_INVALID"),
@@ -388,6 +391,28 @@ def test_identify_negotiation_answers_nsqds_fields_from_the_brokers_own_options(
                           output_buffer_timeout=1000, tls_v1=True)
         assert (given["msg_timeout"], given["output_buffer_size"],
                 given["output_buffer_timeout"], given["tls_v1"]) == (5000, 64, 1000, False)
+
+
+@pytest.mark.parametrize("field, value, text", [
+    ("heartbeat_interval", 999, b"heartbeat interval (999)"),
+    ("output_buffer_timeout", 10, b"output buffer timeout (10)"),
+    ("output_buffer_size", 63, b"output buffer size (63)"),
+    ("sample_rate", 100, b"sample rate (100)"),
+    ("msg_timeout", 5, b"msg timeout (5)"),
+])
+def test_an_identify_setting_out_of_its_range_gets_nsqds_text_naming_it_and_its_value(
+        broker, field, value, text):
+    raw = Raw(broker.tcp_address)
+    raw.send("IDENTIFY", json.dumps({field: value}).encode())
+    assert raw.frames_until_closed() == [(1, b"E_BAD_BODY IDENTIFY " + text + b" is invalid")]
+
+
+def test_an_identify_of_json_null_is_taken_as_no_settings_as_by_nsqd(broker):
+    raw = Raw(broker.tcp_address)
+    raw.send("IDENTIFY", b"null")
+    assert raw.frame() == (0, b"OK")
+    raw.send("SUB t ch")
+    assert raw.frame() == (0, b"OK")
 
 
 def test_identify_minus_one_turns_heartbeats_off_so_sub_is_refused_as_by_nsqd(broker):
