@@ -138,7 +138,8 @@ def mpub_body(*bodies: bytes) -> bytes:
     ([("IDENTIFY", b"[]")], b"E_BAD_BODY IDENTIFY failed to decode JSON body: not an object"),
     ([("IDENTIFY", b"[" * 100_000)],
      b"E_BAD_BODY IDENTIFY failed to decode JSON body: nested too deeply"),
-    ([("IDENTIFY", b'{"heartbeat_interval": "soon"}')], b"E_BAD_BODY"),
+    ([("IDENTIFY", b'{"heartbeat_interval": "soon"}')],
+     b"E_BAD_BODY IDENTIFY failed to decode JSON body: heartbeat_interval is not an integer"),
     ([("IDENTIFY", b'{"msg_timeout": 5}')], b"E_BAD_BODY"),
     ([("EXPLODE", None)], b"E_INVALID"),
     ([("AUTH", b"secret")], b"E_AUTH_DISABLED"),
@@ -411,6 +412,13 @@ def test_an_identify_of_json_null_is_taken_as_no_settings_as_by_nsqd(broker):
     raw = Raw(broker.tcp_address)
     raw.send("IDENTIFY", b"null")
     assert raw.frame() == (0, b"OK")
+    raw.send("SUB t ch")
+    assert raw.frame() == (0, b"OK")
+    # and a setting given as null is that setting left alone, as Go's zero value
+    raw = Raw(broker.tcp_address)
+    nulls = dict.fromkeys(["heartbeat_interval", "output_buffer_size", "output_buffer_timeout",
+                           "sample_rate", "msg_timeout"])
+    assert negotiate(raw, **nulls)["msg_timeout"] == 60_000
     raw.send("SUB t ch")
     assert raw.frame() == (0, b"OK")
 
