@@ -3,6 +3,7 @@ error code, nsqd's HTTP API, and messages crossing between gRPC, TCP and HTTP.""
 
 from __future__ import annotations
 
+from http.client import HTTPConnection
 import json
 import socket
 import struct
@@ -484,6 +485,8 @@ def test_the_kept_differences_from_nsqd_hold(broker, client):
     ("POST", "/pub?topic=t", b"x" * (1024 * 1024 + 1), 413, "MSG_TOO_BIG"),
     ("POST", "/pub?topic=t", b"", 400, "MSG_EMPTY"),
     ("POST", "/pub?topic=t&defer=-5", b"x", 400, "INVALID_DEFER"),
+    ("POST", "/pub?topic=t&defer=soon", b"x", 400, "INVALID_DEFER"),
+    ("POST", "/pub?topic=t&defer=3600001", b"x", 400, "INVALID_DEFER"),
     ("POST", "/pub?topic=", b"x", 400, "INVALID_TOPIC"),
     ("POST", "/pub?topic=abc%0A", b"x", 400, "INVALID_TOPIC"),
     ("POST", "/mpub?topic=t&binary=true", b"\x00\x00\x00\x05", 413, "BAD_MESSAGE"),
@@ -584,6 +587,37 @@ def test_an_empty_tcp_or_http_address_turns_that_listener_off():
         raw = Raw(tcp_only.tcp_address)
         raw.send("PUB t", b"x")
         assert raw.frame() == (0, b"OK")
+
+
+def test_an_http_pub_over_max_msg_size_is_refused_with_or_without_its_length_given(broker):
+    """A Content-Length over --max-msg-size is refused before the body is read (none is
+    sent here); a body sent in chunks, its length not given, is refused once it passes."""
+    host, port = broker.http_address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /pub?topic=t HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Content-Length: 1048577\r\n\r\n")
+        head = sock.recv(65536)
+    assert head.startswith(b"HTTP/1.1 413 ") and b'"message": "MSG_TOO_BIG"' in head
+    conn = HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("POST", "/pub?topic=t", body=iter([b"x" * 1048576, b"y"]),
+                     encode_chunked=True)
+        answer = conn.getresponse()
+        assert (answer.status, json.loads(answer.read())["message"]) == (413, "MSG_TOO_BIG")
+    finally:
+        conn.close()
+
+
+def test_an_http_channel_create_takes_each_setting_given_alone_and_an_empty_one_as_none(
+        broker, client):
+    client.admin("topic", "create", "jobs")
+    assert http(broker, "POST", "/channel/create?topic=jobs&channel=work"
+                                "&dead_letter_topic=jobs.failed")[0] == 200
+    assert http(broker, "POST", "/channel/create?topic=jobs&channel=empty"
+                                "&max_attempts=&dead_letter_topic=")[0] == 200
+    channels = {c.name: c for c in client.stats("jobs").topics[0].channels}
+    assert channels["work"].dead_letter_topic == "jobs.failed"
+    assert (channels["empty"].max_attempts, channels["empty"].dead_letter_topic) == (0, "")
 
 
 def test_http_topic_and_channel_admin(broker, client):
