@@ -589,23 +589,40 @@ def test_an_empty_tcp_or_http_address_turns_that_listener_off():
         assert raw.frame() == (0, b"OK")
 
 
-def test_an_http_pub_over_max_msg_size_is_refused_with_or_without_its_length_given(broker):
-    """A Content-Length over --max-msg-size is refused before the body is read (none is
-    sent here); a body sent in chunks, its length not given, is refused once it passes."""
+@pytest.mark.parametrize("path, limit, message", [
+    ("/pub?topic=t", 1048576, "MSG_TOO_BIG"),
+    ("/mpub?topic=t", 5 * 1024 * 1024, "BODY_TOO_BIG"),
+])
+def test_an_http_body_over_its_limit_is_refused_with_or_without_its_length_given(
+        broker, path, limit, message):
+    """A Content-Length over the limit (--max-msg-size, --max-body-size) is refused before
+    the body is read (none is sent here); a body sent in chunks, its length not given,
+    is refused once it passes the limit."""
     host, port = broker.http_address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(b"POST /pub?topic=t HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                     b"Content-Length: 1048577\r\n\r\n")
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     f"Content-Length: {limit + 1}\r\n\r\n".encode())
         head = sock.recv(65536)
-    assert head.startswith(b"HTTP/1.1 413 ") and b'"message": "MSG_TOO_BIG"' in head
+    assert head.startswith(b"HTTP/1.1 413 ") and f'"message": "{message}"'.encode() in head
     conn = HTTPConnection(host, int(port), timeout=10)
     try:
-        conn.request("POST", "/pub?topic=t", body=iter([b"x" * 1048576, b"y"]),
-                     encode_chunked=True)
+        conn.request("POST", path, body=iter([b"x" * limit, b"y"]), encode_chunked=True)
         answer = conn.getresponse()
-        assert (answer.status, json.loads(answer.read())["message"]) == (413, "MSG_TOO_BIG")
+        assert (answer.status, json.loads(answer.read())["message"]) == (413, message)
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("binary, published", [
+    ("false", 1), ("0", 1), ("F", 1), ("False", 1),    # Go's ParseBool, as nsqd reads it
+    ("true", 2), ("1", 2), ("yes", 2),                  # unrecognised: binary, as nsqd
+])
+def test_an_http_mpub_is_binary_unless_binary_is_a_false_value(broker, client, binary,
+                                                               published):
+    body = mpub_body(b"a", b"b")   # read as text, one line (it holds no newline)
+    assert b"\n" not in body
+    assert http(broker, "POST", f"/mpub?topic=t&binary={binary}", body)[0] == 200
+    assert client.stats("t").topics[0].message_count == published
 
 
 def test_an_http_channel_create_takes_each_setting_given_alone_and_an_empty_one_as_none(
