@@ -606,11 +606,17 @@ def test_an_http_body_over_its_limit_is_refused_with_or_without_its_length_given
     assert head.startswith(b"HTTP/1.1 413 ") and f'"message": "{message}"'.encode() in head
     conn = HTTPConnection(host, int(port), timeout=10)
     try:
-        conn.request("POST", path, body=iter([b"x" * limit, b"y"]), encode_chunked=True)
+        pieces = [b"x" * 65536] * (limit // 65536) + [b"y"]    # each piece under the limit
+        conn.request("POST", path, body=iter(pieces), encode_chunked=True)
         answer = conn.getresponse()
         assert (answer.status, json.loads(answer.read())["message"]) == (413, message)
     finally:
         conn.close()
+
+
+def test_an_http_mpub_in_text_mode_publishes_each_line_whole(broker, client):
+    assert http(broker, "POST", "/mpub?topic=t", b"one message\n\nanother one\n")[0] == 200
+    assert client.stats("t").topics[0].message_count == 2
 
 
 @pytest.mark.parametrize("binary, published", [
