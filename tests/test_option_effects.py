@@ -514,3 +514,5 @@ def test_a_topic_created_again_without_a_ttl_keeps_the_ttl_it_has():
         assert c.stats("events").topics[0].ttl_ms == 60_000
         c.create_topic("events", ttl_ms=0)
         assert c.stats("events").topics[0].ttl_ms == 0
+        c.create_topic("plain")
+        assert c.stats("plain").topics[0].ttl_ms == 0
