@@ -179,8 +179,9 @@ def test_identify_says_auth_required_and_tls_then_auth_then_publish(secure, cert
     ("writer", "PUB elsewhere", b"m", b"E_UNAUTHORIZED"),
     ("writer", "SUB sec-x ok", None, b"E_UNAUTHORIZED"),
     ("reader", "SUB sec-x other", None, b"E_UNAUTHORIZED"),
-    ("reader", "MPUB sec-x", struct.pack(">ii", 1, 1) + b"m", b"E_UNAUTHORIZED"),
-    ("reader", "DPUB sec-x 10", b"m", b"E_UNAUTHORIZED"),
+    ("reader", "MPUB sec-x", struct.pack(">ii", 1, 1) + b"m",
+     b"E_UNAUTHORIZED AUTH failed for MPUB on 'sec-x'"),
+    ("reader", "DPUB sec-x 10", b"m", b"E_UNAUTHORIZED AUTH failed for DPUB on 'sec-x'"),
 ])
 def test_tcp_refusals_carry_nsqds_code_and_others_keep_publishing(secure, certs, secret,
                                                                   line, body, code):

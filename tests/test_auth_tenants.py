@@ -138,7 +138,8 @@ def test_a_lease_answers_only_to_its_owner_while_live_and_after_it_timed_out(bro
     assert lease.count == 3
 
     def bob_tries_everything() -> None:
-        denied(lambda: bob.finish_leases([lease.lease_id]))
+        refused = denied(lambda: bob.finish_leases([lease.lease_id]))
+        assert f"lease {lease.lease_id}: it belongs to another identity" in str(refused)
         denied(lambda: bob.requeue_leases([lease.lease_id]))
         denied(lambda: bob.touch_leases([lease.lease_id]))
         denied(lambda: list(bob.fetch_lease(lease.lease_id)))

@@ -195,6 +195,7 @@ def test_an_unreachable_address_is_named_without_a_traceback():
     (("stats", "--adress", "127.0.0.1:4170"),
      "unrecognized arguments: --adress 127.0.0.1:4170 (did you mean '--address'?)"),
     (("topic", "pause", "t", "--ttl", "1s"), "--ttl only go with create"),
+    (("topic", "delete", "t", "--ttl", "0"), "--ttl only go with create"),   # 0 is a ttl too
     (("channel", "pause", "t", "c", "--dead-letter-topic", "x"),
      "--dead-letter-topic only go with create"),
     (("channel", "empty", "t", "c", "--max-attempts", "0", "--dead-letter-topic", "x"),

@@ -72,6 +72,21 @@ def test_bad_request_gets_a_status_naming_what_was_wrong(client, bystander, call
     assert message in str(err.value)
 
 
+@pytest.mark.parametrize("bodies, text", [
+    ([b""], "empty body"),
+    ([b"a", b""], "message 1: empty body"),
+    ([b"x" * 101], "body of 101 bytes is over the max-msg-size of 100 bytes"),
+    ([b"a", b"x" * 101], "message 1: body of 101 bytes is over the max-msg-size of 100 bytes"),
+])
+def test_a_refused_body_is_named_by_its_index_only_among_several(client, bystander, bodies,
+                                                                  text):
+    for publish in (lambda: client.multi_publish("events", bodies),
+                    *([lambda: client.publish("events", bodies[0])] if len(bodies) == 1 else [])):
+        with pytest.raises(ClientError) as err:
+            publish()
+        assert str(err.value) == text
+
+
 def test_refused_publish_leaves_nothing_behind(client, bystander):
     with pytest.raises(ClientError):
         client.multi_publish("events", ["a", "x" * 101])

@@ -336,6 +336,20 @@ def _tcp_mpub_body(target, n):
     return tcp(target, (f"MPUB {fresh()}", sized_mpub(n)))
 
 
+@probe("tcp MPUB body size")
+def _tcp_mpub_body_size(target, n):
+    """The size an MPUB declares, its messages read from the stream after it (as nsqd
+    reads them): only a size of at least 1 is asked of it."""
+    b, _ = target
+    conn = V2(b.tcp_address)
+    try:
+        conn.sock.sendall(f"MPUB {fresh()}\n".encode() + struct.pack(">i", n)
+                          + mpub_body([b"x"]))
+        return conn.answer()
+    finally:
+        conn.close()
+
+
 def identify(**fields_: object) -> bytes:
     return json.dumps(fields_).encode()
 

@@ -3,6 +3,7 @@ error code, nsqd's HTTP API, and messages crossing between gRPC, TCP and HTTP.""
 
 from __future__ import annotations
 
+from http.client import HTTPConnection
 import json
 import socket
 import struct
@@ -123,7 +124,9 @@ def mpub_body(*bodies: bytes) -> bytes:
     ([("PUB bad!topic", b"x")], b"E_BAD_TOPIC"),
     ([("PUB t", b"")], b"E_BAD_MESSAGE"),
     ([("PUB t", b"x" * (1024 * 1024 + 1))], b"E_BAD_MESSAGE"),
-    ([("MPUB t", b"")], b"E_BAD_BODY"),
+    ([("MPUB t", b"")], b"E_BAD_BODY MPUB invalid body size 0"),
+    ([("MPUB bad!topic", mpub_body(b"x"))], b"E_BAD_TOPIC MPUB invalid topic name 'bad!topic'"),
+    ([("MPUB", None)], b"E_INVALID MPUB insufficient number of parameters"),
     ([("MPUB t", mpub_body(b"ok", b""))], b"E_BAD_MESSAGE"),
     ([("PUB", None)], b"E_INVALID"),
     ([("", None)], b"E_INVALID"),
@@ -132,8 +135,12 @@ def mpub_body(*bodies: bytes) -> bytes:
     ([("SUB t ch", None), ("RDY 100000", None)], b"E_INVALID"),
     ([("SUB t ch", None), ("SUB t ch", None)], b"E_INVALID"),
     ([("RDY 1", None)], b"E_INVALID"),
-    ([("IDENTIFY", b"not json")], b"E_BAD_BODY"),
-    ([("IDENTIFY", b'{"heartbeat_interval": "soon"}')], b"E_BAD_BODY"),
+    ([("IDENTIFY", b"not json")], b"E_BAD_BODY IDENTIFY failed to decode JSON body"),
+    ([("IDENTIFY", b"[]")], b"E_BAD_BODY IDENTIFY failed to decode JSON body: not an object"),
+    ([("IDENTIFY", b"[" * 100_000)],
+     b"E_BAD_BODY IDENTIFY failed to decode JSON body: nested too deeply"),
+    ([("IDENTIFY", b'{"heartbeat_interval": "soon"}')],
+     b"E_BAD_BODY IDENTIFY failed to decode JSON body: heartbeat_interval is not an integer"),
     ([("IDENTIFY", b'{"msg_timeout": 5}')], b"E_BAD_BODY"),
     ([("EXPLODE", None)], b"E_INVALID"),
     ([("AUTH", b"secret")], b"E_AUTH_DISABLED"),
@@ -192,6 +199,7 @@ def test_a_client_that_never_closes_after_an_error_is_closed_when_the_linger_end
 @pytest.mark.parametrize("data, code", [
     (b"PUB t\n\x00\x00", b"E_BAD_MESSAGE PUB failed to read message body size"),
     (b"PUB t\n\x00\x00\x00\x05abc", b"E_BAD_MESSAGE PUB failed to read message body"),
+    (b"MPUB t\n\x00\x00", b"E_BAD_BODY MPUB failed to read body size"),
     (b"MPUB t\n\x00\x00\x00\x08\x00\x00", b"E_BAD_BODY MPUB failed to read message count"),
     (b"MPUB t\n\x00\x00\x00\x0c\x00\x00\x00\x02\x00\x00\x00\x01x",
      b"E_BAD_MESSAGE MPUB failed to read message(1) body size"),
@@ -383,6 +391,73 @@ def test_heartbeats_are_sent_and_answered_with_nop(broker):
     assert raw.frame() == (0, b"_heartbeat_")
 
 
+def negotiate(raw: Raw, **fields: object) -> dict:
+    raw.send("IDENTIFY", json.dumps({"feature_negotiation": True, **fields}).encode())
+    kind, data = raw.frame()
+    assert kind == 0, data
+    return json.loads(data)
+
+
+def test_identify_negotiation_answers_nsqds_fields_from_the_brokers_own_options():
+    from broker import __version__
+
+    with EmbeddedBroker(max_rdy_count=300, msg_timeout=45_000, max_msg_timeout=120_000) as b:
+        asked = negotiate(Raw(b.tcp_address))
+        # nsqd's answer to {"feature_negotiation": true}, field for field (deflate is
+        # declined, so its levels are 0 where nsqd says 6)
+        assert asked == {
+            "max_rdy_count": 300, "version": __version__, "max_msg_timeout": 120_000,
+            "msg_timeout": 45_000, "tls_v1": False, "deflate": False, "deflate_level": 0,
+            "max_deflate_level": 0, "snappy": False, "sample_rate": 0,
+            "auth_required": False, "output_buffer_size": 16384, "output_buffer_timeout": 250}
+        given = negotiate(Raw(b.tcp_address), msg_timeout=5000, output_buffer_size=64,
+                          output_buffer_timeout=1000, tls_v1=True)
+        assert (given["msg_timeout"], given["output_buffer_size"],
+                given["output_buffer_timeout"], given["tls_v1"]) == (5000, 64, 1000, False)
+
+
+@pytest.mark.parametrize("field, value, text", [
+    ("heartbeat_interval", 999, b"heartbeat interval (999)"),
+    ("output_buffer_timeout", 10, b"output buffer timeout (10)"),
+    ("output_buffer_size", 63, b"output buffer size (63)"),
+    ("sample_rate", 100, b"sample rate (100)"),
+    ("msg_timeout", 5, b"msg timeout (5)"),
+])
+def test_an_identify_setting_out_of_its_range_gets_nsqds_text_naming_it_and_its_value(
+        broker, field, value, text):
+    raw = Raw(broker.tcp_address)
+    raw.send("IDENTIFY", json.dumps({field: value}).encode())
+    assert raw.frames_until_closed() == [(1, b"E_BAD_BODY IDENTIFY " + text + b" is invalid")]
+
+
+def test_an_identify_of_json_null_is_taken_as_no_settings_as_by_nsqd(broker):
+    raw = Raw(broker.tcp_address)
+    raw.send("IDENTIFY", b"null")
+    assert raw.frame() == (0, b"OK")
+    raw.send("SUB t ch")
+    assert raw.frame() == (0, b"OK")
+    # and a setting given as null is that setting left alone, as Go's zero value
+    raw = Raw(broker.tcp_address)
+    nulls = dict.fromkeys(["heartbeat_interval", "output_buffer_size", "output_buffer_timeout",
+                           "sample_rate", "msg_timeout"])
+    assert negotiate(raw, **nulls)["msg_timeout"] == 60_000
+    raw.send("SUB t ch")
+    assert raw.frame() == (0, b"OK")
+
+
+def test_identify_minus_one_turns_heartbeats_off_so_sub_is_refused_as_by_nsqd(broker):
+    raw = Raw(broker.tcp_address)
+    assert negotiate(raw, heartbeat_interval=-1, output_buffer_size=-1,
+                     output_buffer_timeout=-1)["output_buffer_timeout"] == 0   # nsqd's "off"
+    raw.send("SUB t ch")
+    assert raw.frame() == (1, b"E_INVALID cannot SUB with heartbeats disabled")
+    # 0 is "no change": the default heartbeat stays on and SUB is taken
+    raw = Raw(broker.tcp_address)
+    negotiate(raw, heartbeat_interval=0, output_buffer_size=0, output_buffer_timeout=0)
+    raw.send("SUB t ch")
+    assert raw.frame() == (0, b"OK")
+
+
 # -- HTTP ----------------------------------------------------------------------
 
 def http(broker, method: str, path: str, body: bytes | None = None,
@@ -431,6 +506,8 @@ def test_the_kept_differences_from_nsqd_hold(broker, client):
     ("POST", "/pub?topic=t", b"x" * (1024 * 1024 + 1), 413, "MSG_TOO_BIG"),
     ("POST", "/pub?topic=t", b"", 400, "MSG_EMPTY"),
     ("POST", "/pub?topic=t&defer=-5", b"x", 400, "INVALID_DEFER"),
+    ("POST", "/pub?topic=t&defer=soon", b"x", 400, "INVALID_DEFER"),
+    ("POST", "/pub?topic=t&defer=3600001", b"x", 400, "INVALID_DEFER"),
     ("POST", "/pub?topic=", b"x", 400, "INVALID_TOPIC"),
     ("POST", "/pub?topic=abc%0A", b"x", 400, "INVALID_TOPIC"),
     ("POST", "/mpub?topic=t&binary=true", b"\x00\x00\x00\x05", 413, "BAD_MESSAGE"),
@@ -531,6 +608,60 @@ def test_an_empty_tcp_or_http_address_turns_that_listener_off():
         raw = Raw(tcp_only.tcp_address)
         raw.send("PUB t", b"x")
         assert raw.frame() == (0, b"OK")
+
+
+@pytest.mark.parametrize("path, limit, message", [
+    ("/pub?topic=t", 1048576, "MSG_TOO_BIG"),
+    ("/mpub?topic=t", 5 * 1024 * 1024, "BODY_TOO_BIG"),
+])
+def test_an_http_body_over_its_limit_is_refused_with_or_without_its_length_given(
+        broker, path, limit, message):
+    """A Content-Length over the limit (--max-msg-size, --max-body-size) is refused before
+    the body is read (none is sent here); a body sent in chunks, its length not given,
+    is refused once it passes the limit."""
+    host, port = broker.http_address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     f"Content-Length: {limit + 1}\r\n\r\n".encode())
+        head = sock.recv(65536)
+    assert head.startswith(b"HTTP/1.1 413 ") and f'"message": "{message}"'.encode() in head
+    conn = HTTPConnection(host, int(port), timeout=10)
+    try:
+        pieces = [b"x" * 65536] * (limit // 65536) + [b"y"]    # each piece under the limit
+        conn.request("POST", path, body=iter(pieces), encode_chunked=True)
+        answer = conn.getresponse()
+        assert (answer.status, json.loads(answer.read())["message"]) == (413, message)
+    finally:
+        conn.close()
+
+
+def test_an_http_mpub_in_text_mode_publishes_each_line_whole(broker, client):
+    assert http(broker, "POST", "/mpub?topic=t", b"one message\n\nanother one\n")[0] == 200
+    assert client.stats("t").topics[0].message_count == 2
+
+
+@pytest.mark.parametrize("binary, published", [
+    ("false", 1), ("0", 1), ("F", 1), ("False", 1),    # Go's ParseBool, as nsqd reads it
+    ("true", 2), ("1", 2), ("yes", 2),                  # unrecognised: binary, as nsqd
+])
+def test_an_http_mpub_is_binary_unless_binary_is_a_false_value(broker, client, binary,
+                                                               published):
+    body = mpub_body(b"a", b"b")   # read as text, one line (it holds no newline)
+    assert b"\n" not in body
+    assert http(broker, "POST", f"/mpub?topic=t&binary={binary}", body)[0] == 200
+    assert client.stats("t").topics[0].message_count == published
+
+
+def test_an_http_channel_create_takes_each_setting_given_alone_and_an_empty_one_as_none(
+        broker, client):
+    client.admin("topic", "create", "jobs")
+    assert http(broker, "POST", "/channel/create?topic=jobs&channel=work"
+                                "&dead_letter_topic=jobs.failed")[0] == 200
+    assert http(broker, "POST", "/channel/create?topic=jobs&channel=empty"
+                                "&max_attempts=&dead_letter_topic=")[0] == 200
+    channels = {c.name: c for c in client.stats("jobs").topics[0].channels}
+    assert channels["work"].dead_letter_topic == "jobs.failed"
+    assert (channels["empty"].max_attempts, channels["empty"].dead_letter_topic) == (0, "")
 
 
 def test_http_topic_and_channel_admin(broker, client):

@@ -504,3 +504,15 @@ def test_the_sinks_delivery_is_read_into_its_own_field_and_exactly_once_by_defau
     assert WriterOptions.parse(given, schema).delivery == "exactly-once"
     assert WriterOptions.parse({**given, "delivery": "at-least-once"},
                                schema).delivery == "at-least-once"
+
+
+def test_a_topic_created_again_without_a_ttl_keeps_the_ttl_it_has():
+    """Only a ttl given changes it: a create naming none is not a ttl of 0."""
+    with EmbeddedBroker() as b, Client(b.address, timeout=10) as c:
+        c.create_topic("events", ttl_ms=60_000)
+        c.create_topic("events")
+        assert c.stats("events").topics[0].ttl_ms == 60_000
+        c.create_topic("events", ttl_ms=0)
+        assert c.stats("events").topics[0].ttl_ms == 0
+        c.create_topic("plain")
+        assert c.stats("plain").topics[0].ttl_ms == 0

@@ -624,3 +624,27 @@ def test_a_reader_reads_any_locations_in_bulk_as_each_one_alone_reads_as_written
         segments.READ_AHEAD = saved
     assert bulk == expected
     assert alone == expected
+
+def test_a_log_file_takes_a_record_ending_at_max_bytes_per_file_and_rolls_for_one_past_it(
+        tmp_path):
+    """--max-bytes-per-file at its edge: a record that ends exactly at it goes in the file,
+    one that would end a byte past it starts the next file."""
+    for past, segment in ((0, 1), (1, 2)):
+        directory = tmp_path / str(past)
+        topic_log = segments.TopicLog(directory, 1024, fileops.current, lambda: b"")
+        topic_log.start_appending()
+
+        def publish(i: int, size: int) -> tuple[int, int]:
+            raw = raw_id_run(1_000 + i, 1)
+            data, _ = records.publish(raw, i, [b"x" * size], None, None, False,
+                                      topic_log.key)
+            return topic_log.append(data, raw, topic_log.key), len(data)
+
+        _, first = publish(0, 100)
+        overhead, room = first - 100, 1024 - topic_log.sizes[1]
+        loc, size = publish(1, room - overhead + past)
+        assert size == room + past
+        assert segments.segment_of(loc) == segment
+        if not past:
+            assert (directory / "00000001.log").stat().st_size == 1024
+        topic_log.close()

@@ -44,7 +44,9 @@ from .limits import HTTP_BODY_TIMEOUT, HTTP_IDLE_TIMEOUT, TLS_HANDSHAKE_TIMEOUT
 from .wire import parse_mpub
 
 _SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
-_BOOL = {"true": True, "1": True, "false": False, "0": False}
+# What nsqd's strconv.ParseBool reads; /mpub's binary= takes any other value as true.
+_BOOL = {**dict.fromkeys(("1", "t", "T", "true", "TRUE", "True"), True),
+         **dict.fromkeys(("0", "f", "F", "false", "FALSE", "False"), False)}
 _GO_INT = re.compile(r"[+-]?[0-9]+")      # what nsqd's strconv.ParseInt accepts
 
 

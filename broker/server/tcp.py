@@ -564,7 +564,8 @@ class V2Connection(asyncio.Protocol):
             "snappy": False, "sample_rate": 0,
             "auth_required": security is not None and security.auth_required,
             "output_buffer_size": self.output_buffer_size,
-            "output_buffer_timeout": buffer_timeout or 250,
+            # nsqd's answer: -1 (off) is 0, and 0 (none asked) its default of 250 ms
+            "output_buffer_timeout": 0 if buffer_timeout == -1 else buffer_timeout or 250,
         }).encode()))
         if tls_v1:   # the next command comes after the handshake
             raise _Wait(self._upgrade_tls(), UPGRADING, resume=pos)
