@@ -324,7 +324,9 @@ def collect(sizes: dict, with_spark: bool = True) -> Iterator[dict]:
             "<= 200 MB (for 1M)"),
         row(f"restart, {sizes['queued']:,} pending after 1,000 channel create/delete",
             d["restart_after_1000_channel_cycles"]["seconds"], "s",
-            d["restart"]["seconds"], "ratio <= 1 (÷ 3 channels: linear in the log)"),
+            d["restart"]["seconds"],
+            f"ratio <= 1 (÷ 3 channels: linear in the log; median of "
+            f"{len(d['restart']['rounds'])} starts each)"),
         *[row(f"bytes rewritten per byte published, {shape} consumer", ratio, "B/B", None,
               "<= 0.5" if shape == "slow" else "0 (an idle backlog is never copied)")
           for shape, ratio in d["rewritten_per_published"].items()],
