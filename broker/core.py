@@ -20,7 +20,8 @@ from .clock import Clock
 from .consumer import Consumer
 from .dedupe import Deduplicator, content_digest
 from .errors import (InvalidMessage, InvalidRequest, LeaseNotFound, MessageTooBig,
-                     StorageFailed, TooManyTopics, TopicNotFound, WrongBroker)
+                     StorageFailed, TooManyChannels, TooManyTopics, TopicNotFound,
+                     WrongBroker)
 from .lease import (RESERVE_STEP_BYTES, Lease, LeaseJournal, LeaseSession, RememberedLease,
                     Reservation)
 from .message import IdFactory, Message, Published
@@ -53,6 +54,8 @@ class Broker:
         self.options = options or Options()
         self.clock = clock or Clock()
         self.topics: dict[str, Topic] = {}
+        # Channels of every topic, kept by Topic as it makes and drops them (--max-channels).
+        self.channel_count = 0
         # Message ids: this broker's node id in each (BrokerApp settles the default's
         # port once gRPC is bound), a sequence from the wall clock.
         self.new_id = IdFactory(self.options.node_id_for(self.options.grpc_address),
@@ -195,7 +198,7 @@ class Broker:
     def subscribe(self, consumer: Consumer, topic: str, channel: str) -> Channel:
         check_topic_name(topic)
         check_channel_name(channel)
-        ch = self.get_or_create_topic(topic).get_or_create_channel(channel)
+        ch = self._get_or_create_channel(topic, channel)
         ch.add_consumer(consumer)
         return ch
 
@@ -294,7 +297,7 @@ class Broker:
             raise InvalidRequest(f"max_bytes {max_bytes} must not be negative")
         check_topic_name(topic)
         check_channel_name(channel)
-        ch = self.get_or_create_topic(topic).get_or_create_channel(channel)
+        ch = self._get_or_create_channel(topic, channel)
         finished = self.finish_leases(finish) if finish else (0, [])
         lease = Lease(session, msg_timeout=self.msg_timeout(msg_timeout_ms))
         lease.channel = ch
@@ -585,13 +588,31 @@ class Broker:
         deadletter.configure_topic(t, ttl_ms)
         return t
 
+    def _get_or_create_channel(self, topic: str, channel: str) -> Channel:
+        """A client's channel, made if need be with its topic: one past ``--max-channels``
+        is refused before its topic is made, so a refusal makes nothing."""
+        t = self.topics.get(topic)
+        if t is None:
+            self.check_room_for_channel(topic, channel)
+            t = self.get_or_create_topic(topic)
+        return t.get_or_create_channel(channel)
+
+    def check_room_for_channel(self, topic: str, channel: str) -> None:
+        """Refuse one channel more than ``--max-channels`` over every topic."""
+        most = self.options.max_channels
+        if most and self.channel_count >= most:
+            raise TooManyChannels(
+                f"channel {topic}/{channel} not made: the broker has {self.channel_count} "
+                f"channels over all its topics, the most --max-channels allows (delete "
+                f"channels or topics, or raise --max-channels)")
+
     def create_channel(self, topic: str, channel: str, *, max_attempts: int | None = None,
                        dead_letter_topic: str = "") -> Channel:
         """Create the channel if need be; settings given (not None / "") are set."""
         check_channel_name(channel)
         check_topic_name(topic)
         deadletter.check_channel_settings(topic, max_attempts, dead_letter_topic)
-        ch = self.get_or_create_topic(topic).get_or_create_channel(channel)
+        ch = self._get_or_create_channel(topic, channel)
         deadletter.configure_channel(ch, max_attempts, dead_letter_topic)
         return ch
 

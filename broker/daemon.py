@@ -42,7 +42,7 @@ HELP_GROUPS = {
     "limits": ("msg_timeout", "max_msg_timeout", "max_req_timeout", "max_msg_size",
                "max_body_size", "max_rdy_count", "max_attempts", "dedupe_window",
                "dedupe_capacity", "max_connections", "max_connections_per_client",
-               "max_grpc_connections", "max_topics", "max_channels_per_topic"),
+               "max_grpc_connections", "max_topics", "max_channels_per_topic", "max_channels"),
     "security (TLS and NSQ's auth)": (
         "tls_cert", "tls_key", "tls_root_ca_file", "tls_client_auth_policy", "tls_required",
         "tls_min_version", "auth_http_addresses", "auth_http_request_method",

@@ -129,6 +129,8 @@ class Options:
                                    "(0: no limit)")
     max_channels_per_topic: int = _opt(5_000, "most channels of one topic at once; one more "
                                               "is refused at creation (0: no limit)")
+    max_channels: int = _opt(50_000, "most channels of the whole broker at once, over every "
+                                     "topic; one more is refused at creation (0: no limit)")
     log_level: str = _opt("info", "debug, info, warning or error")
     event_loop: str = _opt("asyncio", "pynsqd's event loop: asyncio, uvloop (if installed), "
                            "or auto (uvloop when installed, else asyncio)")
@@ -234,7 +236,8 @@ class Options:
                      "max_bytes_per_file", "max_body_size", "max_disk_bytes",
                      "max_memory_bytes", "max_attempts", "broadcast_tcp_port",
                      "broadcast_http_port", "max_connections", "max_connections_per_client",
-                     "max_grpc_connections", "max_topics", "max_channels_per_topic"):
+                     "max_grpc_connections", "max_topics", "max_channels_per_topic",
+                     "max_channels"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must not be negative")
         # The gRPC API is the one listener that cannot be off: empty names no address.

@@ -164,28 +164,36 @@ class Topic:
             raise ChannelNotFound(f"channel {self.name}/{name} does not exist") from None
 
     def get_or_create_channel(self, name: str, *, bounded: bool = True) -> Channel:
-        """The channel ``name``, made if need be: past ``--max-channels-per-topic`` a
-        client's is refused (``bounded=False``: a restart restoring what it accepted)."""
+        """The channel ``name``, made if need be: past ``--max-channels-per-topic`` or
+        ``--max-channels`` a client's is refused (``bounded=False``: a restart restoring
+        what it accepted)."""
         channel = self.channels.get(name)
         if channel is None:
             check_channel_name(name)
-            most = self.broker.options.max_channels_per_topic
-            if bounded and most and len(self.channels) >= most:
-                raise TooManyChannels(
-                    f"channel {self.name}/{name} not made: topic {self.name} has "
-                    f"{len(self.channels)} channels, the most --max-channels-per-topic allows "
-                    f"(delete channels, or raise --max-channels-per-topic)")
+            if bounded:
+                self._check_room_for_channel(name)
             channel = Channel(self, name)
             self._store.channel_created(channel)  # written first, or nothing changes
             self.channels[name] = channel
+            self.broker.channel_count += 1
             self.broker.on_channel_created(channel)
             self._flush_held()
         return channel
+
+    def _check_room_for_channel(self, name: str) -> None:
+        most = self.broker.options.max_channels_per_topic
+        if most and len(self.channels) >= most:
+            raise TooManyChannels(
+                f"channel {self.name}/{name} not made: topic {self.name} has "
+                f"{len(self.channels)} channels, the most --max-channels-per-topic allows "
+                f"(delete channels, or raise --max-channels-per-topic)")
+        self.broker.check_room_for_channel(self.name, name)
 
     def delete_channel(self, name: str) -> None:
         channel = self.channel(name)
         self._store.channel_deleted(channel)  # written first, or nothing changes
         del self.channels[name]
+        self.broker.channel_count -= 1
         for consumer in channel.close():
             self.broker.on_consumer_evicted(consumer)
         self.broker.on_channel_deleted(channel)
@@ -225,6 +233,7 @@ class Topic:
     def close(self) -> None:
         for name in list(self.channels):
             channel = self.channels.pop(name)
+            self.broker.channel_count -= 1
             for consumer in channel.close():
                 self.broker.on_consumer_evicted(consumer)
         self._drop_held()

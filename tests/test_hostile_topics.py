@@ -19,6 +19,7 @@ from broker import Client, ClientError, EmbeddedBroker, Options
 from broker.errors import TooManyChannels, TooManyTopics
 
 from .corekit import new_broker, subscribe
+from .helpers import wait_for
 from .test_storage_readahead import start
 
 
@@ -95,15 +96,63 @@ def test_one_topic_or_channel_more_is_refused_on_every_listener_naming_the_optio
         client.create_topic("third")
 
 
+def test_one_channel_more_than_max_channels_over_all_topics_is_refused_on_every_listener():
+    """--max-channels counts the channels of every topic: the one past it is refused on
+    each listener naming the option, its topic is not made either, and every channel given
+    back (deleted, its topic deleted, an ephemeral one left) makes room for one more."""
+    with EmbeddedBroker(max_channels=3) as b, Client(b.address) as client:
+        client.publish("a", b"kept")
+        client.create_channel("a", "work")
+        client.create_channel("b", "work")
+        client.create_channel("b", "audit")
+
+        with pytest.raises(ClientError) as refused:
+            client.create_channel("a", "more")
+        assert refused.value.status == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert refused.value.code == "E_TOO_MANY_CHANNELS"
+        assert "--max-channels " in str(refused.value)
+        answer = tcp_answer(b.tcp_address, b"SUB c work")
+        assert answer.startswith(b"E_TOO_MANY_CHANNELS ") and b"--max-channels " in answer, \
+            answer
+        status, body = http_post(b.http_address, "/channel/create?topic=a&channel=more")
+        assert status == 400 and body["message"] == "TOO_MANY_CHANNELS", body
+        assert "--max-channels " in body["error"]
+
+        # Nothing was made by a refusal (not topic c either); what was accepted is served.
+        stats = client.stats()
+        assert {t.name: sorted(c.name for c in t.channels) for t in stats.topics} == {
+            "a": ["work"], "b": ["audit", "work"]}
+        with client.subscribe("a", "work", rdy=1) as sub:
+            assert sub.get(timeout=30).body == b"kept"
+
+        client.admin("channel", "delete", "b", "audit")     # a channel given back
+        client.create_channel("c", "work#ephemeral")
+        with pytest.raises(ClientError):
+            client.create_channel("c", "more")
+        client.admin("topic", "delete", "b")                # its channel given back
+        with client.subscribe("d", "work#ephemeral", rdy=1):
+            pass                                            # made, then left: gone
+        wait_for(lambda: not client.stats("d").topics[0].channels)
+        client.admin("channel", "delete", "c", "work#ephemeral")
+        client.create_channel("e", "one")
+        client.create_channel("e", "two")
+        with pytest.raises(ClientError) as refused:
+            client.create_channel("e", "three")
+        assert "--max-channels " in str(refused.value)
+
+
 def test_a_limit_of_0_is_no_limit():
-    broker, _ = new_broker(max_topics=0, max_channels_per_topic=0)
+    broker, _ = new_broker(max_topics=0, max_channels_per_topic=0, max_channels=0)
     defaults = Options()
     for i in range(defaults.max_topics + 1):
         broker.create_topic(f"t{i}")
     for i in range(defaults.max_channels_per_topic + 1):
         broker.create_channel("t0", f"c{i}")
+    for i in range(defaults.max_channels - defaults.max_channels_per_topic):
+        broker.create_channel(f"t{1 + i % 100}", f"c{i}")
     assert len(broker.topics) == defaults.max_topics + 1
     assert len(broker.topics["t0"].channels) == defaults.max_channels_per_topic + 1
+    assert sum(len(t.channels) for t in broker.topics.values()) == defaults.max_channels + 1
 
 
 def test_a_restart_restores_every_topic_and_channel_past_a_lowered_limit(tmp_path):
@@ -114,9 +163,10 @@ def test_a_restart_restores_every_topic_and_channel_past_a_lowered_limit(tmp_pat
         broker.publish(topic, topic.encode())
     broker.storage.close()
 
-    broker = start(tmp_path, max_topics=1, max_channels_per_topic=1)
+    broker = start(tmp_path, max_topics=1, max_channels_per_topic=1, max_channels=1)
     assert {name: sorted(t.channels) for name, t in broker.topics.items()} == {
         "a": ["x", "y"], "b": ["x", "y"], "c": ["x", "y"]}
+    assert broker.channel_count == 6
     assert [m.body for m in subscribe(broker, "b", "y").received] == [b"b"]
     with pytest.raises(TooManyTopics):
         broker.create_topic("d")

@@ -623,12 +623,42 @@ def _fill_topics(core, count: int) -> None:
 
 def _fill_channels(core, count: int) -> None:
     _fill_topics(core, 0)       # the topic probes' fill goes: "crowd" is one topic more
+    _clear_wide(core)           # and --max-channels' fill: its channels count too
     topic = core.create_topic("crowd")
     fill = sorted(name for name in topic.channels if name.startswith("fill"))
     while len(topic.channels) > count and fill:
         topic.delete_channel(fill.pop())
     while len(topic.channels) < count:
         core.create_channel("crowd", fresh("fill"))
+
+
+WIDE = 4_000   # channels a topic of --max-channels' fill holds: under --max-channels-per-topic
+
+
+def _clear_wide(core) -> None:
+    for name in [n for n in core.topics if n.startswith("wide")]:
+        core.delete_topic(name)
+
+
+def _fill_channels_over_topics(core, count: int) -> None:
+    """The broker's channels, over topics ``wide1``... (``WIDE`` each), up to ``count``;
+    a probe makes its own on ``wide0``."""
+    _fill_topics(core, 0)
+    if "crowd" in core.topics:
+        core.delete_topic("crowd")
+    core.create_topic("wide0")
+    spread = sorted((n for n in core.topics if n.startswith("wide") and n != "wide0"),
+                    key=lambda n: int(n[4:]))
+    while core.channel_count > count:
+        topic = next(core.topics[n] for n in reversed(spread) if core.topics[n].channels)
+        topic.delete_channel(next(iter(topic.channels)))
+    i = 1
+    while core.channel_count < count:
+        topic = core.topics.get(f"wide{i}")
+        if topic is not None and len(topic.channels) >= WIDE:
+            i += 1
+            continue
+        core.create_channel(f"wide{i}", fresh("fill"))
 
 
 def counted(fill: Callable) -> Callable:
@@ -655,6 +685,14 @@ PROBES["tcp SUB, one more channel"] = counted(_fill_channels)(
     lambda t: tcp(t, (f"SUB crowd {fresh('c')}", None)))
 PROBES["http /channel/create, one more channel"] = counted(_fill_channels)(
     lambda t: http(t, f"/channel/create?topic=crowd&channel={fresh('c')}"))
+PROBES["grpc CreateChannel, one more channel over all topics"] = counted(
+    _fill_channels_over_topics)(
+    lambda t: grpc_answer(lambda: t[1].create_channel("wide0", fresh("c"))))
+PROBES["tcp SUB, one more channel over all topics"] = counted(_fill_channels_over_topics)(
+    lambda t: tcp(t, (f"SUB wide0 {fresh('c')}", None)))
+PROBES["http /channel/create, one more channel over all topics"] = counted(
+    _fill_channels_over_topics)(
+    lambda t: http(t, f"/channel/create?topic=wide0&channel={fresh('c')}"))
 
 
 # -- the CLI (in-process, its entry point) --------------------------------------------
@@ -712,7 +750,7 @@ def option(name: str, **extra: object) -> Callable:
 
 for _name in ("max_connections", "max_connections_per_client", "max_grpc_connections",
               "max_topics",
-              "max_channels_per_topic",
+              "max_channels_per_topic", "max_channels",
               "max_attempts", "node_id", "workers", "broadcast_tcp_port",
               "broadcast_http_port", "mem_queue_size", "max_msg_size", "max_body_size",
               "max_rdy_count", "max_bytes_per_file", "max_disk_bytes", "max_memory_bytes",

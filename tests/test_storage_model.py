@@ -1116,6 +1116,8 @@ class StorageModel(RuleBasedStateMachine):
     @invariant()
     def check_everything_pending(self) -> None:
         assert set(self.broker.topics) == set(self.model)
+        # --max-channels' count: every channel made, dropped or restored is counted once.
+        assert self.broker.channel_count == sum(len(t.channels) for t in self.model.values())
         for name, t in self.model.items():
             topic = self.broker.topics[name]
             assert topic.paused == t.paused
