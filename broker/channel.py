@@ -489,11 +489,11 @@ class Channel:
     # -- delivery ---------------------------------------------------------
     def _pump(self) -> None:
         """Hand ready messages to the consumers with room, in turns of up to ``TURN``
-        messages in round-robin order (after the consumer served last). A pass records what each
-        consumer gets in flight, then hands it over as one batch. A pass takes no more
-        body bytes than the smallest ``batch_bytes`` among them, so no batch passes its
-        consumer's; when that stopped it, another pass follows once the batches are
-        handed over (a transport may have blocked its consumer meanwhile)."""
+        messages in round-robin order (after the consumer served last). A pass records
+        what each consumer gets in flight, then hands it over as one batch. A pass takes
+        no more body bytes than the smallest ``batch_bytes`` among them, so no batch
+        passes its consumer's; when that stopped it, another pass follows once the
+        batches are handed over (a transport may have blocked its consumer meanwhile)."""
         if self.paused or not self._ready or not self._consumers:
             return
         again = True
@@ -577,8 +577,8 @@ class Channel:
         rounds, rest = divmod(count, TURN * k)
         if min(r for _, r in open_) >= TURN * rounds + min(TURN, rest):
             # No room runs out: ``rounds`` turns each, then the rest from the first, a
-            # turn each; by slices. (TURN is 2: a consumer's messages of the full
-            # rounds are the two strides of its turns, taken in turns.)
+            # turn each; by slices (in the full rounds, the j-th message of each of a
+            # consumer's turns is every ``step``-th from its first turn's j-th).
             step, tail = TURN * k, TURN * k * rounds
             last = (rest - 1) // TURN if rest else k - 1
             self._last_served = self._seat[open_[last][0]]
@@ -587,8 +587,8 @@ class Channel:
                 at = TURN * i
                 if rounds:
                     batch: list[Message] = [msgs[0]] * (TURN * rounds)
-                    batch[0::2] = msgs[at:tail:step]
-                    batch[1::2] = msgs[at + 1:tail:step]
+                    for j in range(TURN):
+                        batch[j::TURN] = msgs[at + j:tail:step]
                     batch += msgs[tail + at:tail + at + TURN]
                 else:
                     batch = msgs[at:at + TURN]

@@ -60,7 +60,7 @@ def test_round_robin_skips_consumers_without_room_and_goes_on_after_the_one_serv
     assert (a.ids, b.ids, c.ids) == ([ids[0]], ids[1:3] + ids[5:7], ids[3:5])
 
 
-def test_when_messages_are_scarce_every_consumer_with_room_takes_its_turn_before_any_takes_another():
+def test_when_messages_are_scarce_each_consumer_with_room_takes_a_turn_before_any_takes_another():
     broker, _ = new_broker()
     a, b, c, d, e = (subscribe(broker, "events", "work", rdy=10) for _ in range(5))
     first = publish_n(broker, "events", 4)     # a and b, two each
