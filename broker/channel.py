@@ -42,6 +42,7 @@ BYTES_CHUNK = 256
 # messages are scarce, half the reads and writes of one at a time. Not its whole room:
 # a burst would then go to one consumer at a high RDY while the others wait; in turns
 # of two it is spread over at least half the consumers one at a time would reach.
+# (``Channel._share``'s slices are written for two.)
 TURN = 2
 
 
@@ -577,21 +578,23 @@ class Channel:
         rounds, rest = divmod(count, TURN * k)
         if min(r for _, r in open_) >= TURN * rounds + min(TURN, rest):
             # No room runs out: ``rounds`` turns each, then the rest from the first, a
-            # turn each; by slices (in the full rounds, the j-th message of each of a
-            # consumer's turns is every ``step``-th from its first turn's j-th).
-            step, tail = TURN * k, TURN * k * rounds
+            # turn each; by slices. In the full rounds, turn t is messages 2t and 2t + 1
+            # and goes to consumer t % k: consumer i's are every k-th of the turns'
+            # first messages and of their second ones, from the i-th, interleaved.
+            tail = TURN * k * rounds
             last = (rest - 1) // TURN if rest else k - 1
             self._last_served = self._seat[open_[last][0]]
+            if not rounds:
+                return [(consumer, msgs[TURN * i:TURN * i + TURN])
+                        for i, (consumer, _) in enumerate(open_[:last + 1])]
+            firsts, seconds = msgs[0:tail:2], msgs[1:tail:2]
             batches = []
-            for i, (consumer, _) in enumerate(open_[:k if rounds else last + 1]):
-                at = TURN * i
-                if rounds:
-                    batch: list[Message] = [msgs[0]] * (TURN * rounds)
-                    for j in range(TURN):
-                        batch[j::TURN] = msgs[at + j:tail:step]
-                    batch += msgs[tail + at:tail + at + TURN]
-                else:
-                    batch = msgs[at:at + TURN]
+            for i, (consumer, _) in enumerate(open_):
+                batch: list[Message] = [msgs[0]] * (2 * rounds)
+                batch[0::2] = firsts[i::k]
+                batch[1::2] = seconds[i::k]
+                if rest > TURN * i:
+                    batch += msgs[tail + TURN * i:tail + TURN * i + TURN]
                 batches.append((consumer, batch))
             return batches
         rooms = [r for _, r in open_]
