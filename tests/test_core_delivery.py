@@ -71,6 +71,17 @@ def test_when_messages_are_scarce_each_consumer_with_room_takes_a_turn_before_an
         first[0:2] + third[2:3], first[2:4] + fourth, second[0:2], second[2:4], third[0:2])
 
 
+def test_what_is_left_after_full_rounds_of_turns_goes_a_turn_each_from_the_first():
+    broker, _ = new_broker()
+    a, b, c = (subscribe(broker, "events", "work", rdy=10) for _ in range(3))
+    ids = publish_n(broker, "events", 9)       # a round of turns (6), then a 2, b 1
+    assert (a.ids, b.ids, c.ids) == (ids[0:2] + ids[6:8], ids[2:4] + ids[8:9], ids[4:6])
+    more = publish_n(broker, "events", 8)      # after b: a round (c, a, b), then c 2
+    assert (c.ids[2:], a.ids[4:], b.ids[3:]) == (more[0:2] + more[6:8], more[2:4], more[4:6])
+    last = publish_n(broker, "events", 1)      # after c, the last served: a
+    assert a.ids[-1:] == last
+
+
 def test_a_consumer_at_a_high_rdy_takes_a_burst_in_turns_with_the_others_not_alone():
     broker, _ = new_broker()
     big = subscribe(broker, "events", "work", rdy=1000)
