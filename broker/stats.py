@@ -78,16 +78,18 @@ class LatencySample:
         ``now_ns`` less the bound), the sum from their total; only the newest ``size``
         publish times are kept for the percentiles."""
         n = len(published_ns)
-        if n == 1:   # a consumer FINing one at a time (RDY 1 or 2): ``add``, inline
-            latency_ms = (now_ns - published_ns[0]) / 1e6
+        if n < len(HISTOGRAM_BOUNDS_MS):
+            # A handful (a consumer at a low RDY FINs the one or two it was handed
+            # together): ``add`` of each, inline, one call in all.
             if self._pending:
                 self._settle()
-            self._values.append(latency_ms)
-            self.bucket_counts[bisect_left(_BOUNDS_MS, latency_ms)] += 1
-            self.sum_ms += latency_ms
-            return
-        if n < len(HISTOGRAM_BOUNDS_MS):
-            self.add_many([(now_ns - t) / 1e6 for t in published_ns])
+            values, counts, sum_ms = self._values, self.bucket_counts, self.sum_ms
+            for t in published_ns:
+                latency_ms = (now_ns - t) / 1e6
+                values.append(latency_ms)
+                counts[bisect_left(_BOUNDS_MS, latency_ms)] += 1
+                sum_ms += latency_ms
+            self.sum_ms = sum_ms
             return
         size = self._values.maxlen
         if size:

@@ -47,6 +47,8 @@ def test_consumers_of_one_channel_share_it_each_message_going_to_one():
     got = [c.ids for c in consumers]
     assert sorted(i for ids_ in got for i in ids_) == sorted(ids)
     assert all(len(g) == 10 for g in got)  # round-robin
+    # In turns of two: a takes 0 and 1, b 2 and 3, c 4 and 5, a 6 and 7, ...
+    assert got[0] == [i for n in range(0, 30, 6) for i in ids[n:n + 2]]
 
 
 def test_round_robin_skips_consumers_without_room_and_goes_on_after_the_one_served():
@@ -54,8 +56,39 @@ def test_round_robin_skips_consumers_without_room_and_goes_on_after_the_one_serv
     a = subscribe(broker, "events", "work", rdy=1)
     b = subscribe(broker, "events", "work")
     c = subscribe(broker, "events", "work")
-    ids = publish_n(broker, "events", 7)
-    assert (a.ids, b.ids, c.ids) == ([ids[0]], ids[1::2], ids[2::2])
+    ids = publish_n(broker, "events", 7)       # a's turn takes 1 (its room), b's and c's 2
+    assert (a.ids, b.ids, c.ids) == ([ids[0]], ids[1:3] + ids[5:7], ids[3:5])
+
+
+def test_when_messages_are_scarce_each_consumer_with_room_takes_a_turn_before_any_takes_another():
+    broker, _ = new_broker()
+    a, b, c, d, e = (subscribe(broker, "events", "work", rdy=10) for _ in range(5))
+    first = publish_n(broker, "events", 4)     # a and b, two each
+    second = publish_n(broker, "events", 4)    # then c and d: a and b wait their turn
+    third = publish_n(broker, "events", 3)     # e, then a again, with what is left
+    fourth = publish_n(broker, "events", 1)    # b
+    assert (a.ids, b.ids, c.ids, d.ids, e.ids) == (
+        first[0:2] + third[2:3], first[2:4] + fourth, second[0:2], second[2:4], third[0:2])
+
+
+def test_what_is_left_after_full_rounds_of_turns_goes_a_turn_each_from_the_first():
+    broker, _ = new_broker()
+    a, b, c = (subscribe(broker, "events", "work", rdy=10) for _ in range(3))
+    ids = publish_n(broker, "events", 9)       # a round of turns (6), then a 2, b 1
+    assert (a.ids, b.ids, c.ids) == (ids[0:2] + ids[6:8], ids[2:4] + ids[8:9], ids[4:6])
+    more = publish_n(broker, "events", 8)      # after b: a round (c, a, b), then c 2
+    assert (c.ids[2:], a.ids[4:], b.ids[3:]) == (more[0:2] + more[6:8], more[2:4], more[4:6])
+    last = publish_n(broker, "events", 1)      # after c, the last served: a
+    assert a.ids[-1:] == last
+
+
+def test_a_consumer_at_a_high_rdy_takes_a_burst_in_turns_with_the_others_not_alone():
+    broker, _ = new_broker()
+    big = subscribe(broker, "events", "work", rdy=1000)
+    small = [subscribe(broker, "events", "work", rdy=2) for _ in range(4)]
+    ids = publish_n(broker, "events", 12)      # big 2, each small 2, big the 2 left
+    assert big.ids == ids[0:2] + ids[10:12]
+    assert [c.ids for c in small] == [ids[n:n + 2] for n in range(2, 10, 2)]
 
 
 def test_when_every_consumer_is_full_the_one_that_frees_room_is_served_and_round_robin_goes_on():
@@ -71,8 +104,10 @@ def test_when_every_consumer_is_full_the_one_that_frees_room_is_served_and_round
     assert a.ids[2:] == [ids[6], ids[2]]
     for consumer in (a, b, c):
         consumer.channel.set_rdy(consumer, 10)
-    more = publish_n(broker, "events", 3)          # after a, the last served: b, c, a
-    assert (b.ids[-1], c.ids[-1], a.ids[-1]) == tuple(more)
+    more = publish_n(broker, "events", 3)          # after a, the last served: b, then c
+    assert (b.ids[-2:], c.ids[-1:], a.ids[-1]) == (more[0:2], more[2:], ids[2])
+    last = publish_n(broker, "events", 1)          # after c: a
+    assert a.ids[-1:] == last
 
 
 def test_a_consumer_with_a_batch_byte_bound_gets_its_room_in_batches_no_bigger_than_it():

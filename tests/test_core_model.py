@@ -203,3 +203,94 @@ def test_delivery_semantics_hold_over_random_sequences_of_operations():
         settings=settings(max_examples=60, stateful_step_count=40, deadline=None,
                           derandomize=True, database=None,
                           suppress_health_check=[HealthCheck.too_slow]))
+
+
+class TurnsMachine(RuleBasedStateMachine):
+    """Who gets which message, against a plain model of the round-robin: consumers in
+    the order they subscribed, the turns going on after the one served last; on its turn
+    a consumer with room takes the next two ready messages (fewer if its room or the
+    messages run out), and turns go round while messages and room remain. A consumer
+    that leaves gives back what it held, in order, ahead of the rest."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broker, _ = new_broker(max_rdy_count=MAX_RDY + 1)
+        self.channel = self.broker.create_channel("events", "work")
+        self.seats: dict[int, Consumer] = {}      # the model's seat -> the real consumer
+        self.rdy: dict[int, int] = {}
+        self.held: dict[int, list[str]] = {}
+        self.ready: list[str] = []
+        self.last = -1                            # the seat served last
+        self.count = 0
+
+    def deal(self) -> None:
+        while self.ready:
+            seats = sorted(self.seats)
+            order = [s for s in seats if s > self.last] + [s for s in seats if s <= self.last]
+            served = False
+            for s in order:
+                room = self.rdy[s] - len(self.held[s])
+                if room > 0 and self.ready:
+                    take = min(2, room)
+                    self.held[s] += self.ready[:take]
+                    del self.ready[:take]
+                    self.last, served = s, True
+            if not served:
+                return
+
+    @precondition(lambda self: len(self.seats) < 5)
+    @rule(rdy=st.integers(0, MAX_RDY + 1))
+    def subscribe(self, rdy: int) -> None:
+        seat = self.count
+        self.count += 1
+        consumer = Consumer(lambda msg: None, msg_timeout=60.0)
+        self.seats[seat], self.rdy[seat], self.held[seat] = consumer, rdy, []
+        self.broker.subscribe(consumer, "events", "work")
+        self.channel.set_rdy(consumer, rdy)
+        self.deal()
+
+    @rule(n=st.integers(1, 9))
+    def publish(self, n: int) -> None:
+        self.ready += self.broker.multi_publish("events", [b"m"] * n)
+        self.deal()
+
+    @precondition(lambda self: self.seats)
+    @rule(data=st.data(), rdy=st.integers(0, MAX_RDY + 1))
+    def set_rdy(self, data, rdy: int) -> None:
+        seat = data.draw(st.sampled_from(sorted(self.seats)))
+        self.rdy[seat] = rdy
+        self.channel.set_rdy(self.seats[seat], rdy)
+        self.deal()
+
+    @precondition(lambda self: any(self.held.values()))
+    @rule(data=st.data())
+    def fin(self, data) -> None:
+        seat = data.draw(st.sampled_from(sorted(s for s, h in self.held.items() if h)))
+        ids = data.draw(st.lists(st.sampled_from(self.held[seat]), min_size=1, unique=True))
+        self.held[seat] = [i for i in self.held[seat] if i not in ids]
+        self.channel.finish_many(self.seats[seat], ids)
+        self.deal()
+
+    @precondition(lambda self: self.seats)
+    @rule(data=st.data())
+    def disconnect(self, data) -> None:
+        seat = data.draw(st.sampled_from(sorted(self.seats)))
+        consumer = self.seats.pop(seat)
+        self.ready[:0] = self.held.pop(seat)
+        del self.rdy[seat]
+        self.channel.remove_consumer(consumer)
+        self.deal()
+
+    @invariant()
+    def each_consumer_holds_what_the_turns_gave_it(self) -> None:
+        for seat, consumer in self.seats.items():
+            assert list(consumer.in_flight) == self.held[seat], f"seat {seat}"
+        assert self.channel.depth == len(self.ready)
+
+
+def test_consumers_take_turns_of_two_in_the_order_they_subscribed():
+    run_state_machine_as_test(
+        TurnsMachine,
+        settings=settings(max_examples=80, stateful_step_count=30, deadline=None,
+                          derandomize=True, database=None,
+                          suppress_health_check=[HealthCheck.too_slow]))
