@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import zlib
 from array import array
 from bisect import bisect_right
 from itertools import islice
@@ -30,6 +29,7 @@ from typing import Callable, Sequence
 
 from ..message import Message, read_back, runs_of
 from . import fileops, records
+from .checksum import crc32
 from .records import EXPIRES
 
 log = logging.getLogger("pynsqd")
@@ -475,7 +475,7 @@ class Reader:
         start = rel + records.HEADER_SIZE
         stop = start + length
         if (magic != records.MAGIC or kind != records.BATCH or stop > self.size
-                or zlib.crc32(memoryview(block)[start:stop], records.BATCH_SEED)
+                or crc32(memoryview(block)[start:stop], records.BATCH_SEED)
                 != crc ^ self.keys.get(loc >> OFFSET_BITS, 0)):
             return None
         try:
@@ -495,7 +495,7 @@ class Reader:
             stop = start + length
             if (magic == records.MAGIC_NUMBER and kind == records.PUB and not flags & EXPIRES
                     and stop <= size
-                    and zlib.crc32(memoryview(block)[start:stop], records.PUB_SEED) == crc ^ key):
+                    and crc32(memoryview(block)[start:stop], records.PUB_SEED) == crc ^ key):
                 # The id's 8 bytes in hex are the message's id.
                 msg = Message(raw_id.hex(), block[rel + records.PUB_BODY_AT:stop], ts)
                 msg.loc = loc
