@@ -667,3 +667,19 @@ def test_the_logs_checksum_is_zlibs_crc32_computed_by_zlib_ng(data, seed):
     assert records.encode(records.FIN, data) == (
         records.HEADER.pack(records.MAGIC, records.FIN, len(data),
                             zlib.crc32(data, zlib.crc32(bytes((records.FIN,))))) + data)
+
+
+@pytest.mark.parametrize("stamps", [[5_000] * 5, [5_000] * 4 + [5_001], [4_999] + [5_000] * 4])
+def test_messages_of_a_batch_read_back_with_each_ones_publish_time_one_number_when_shared(
+        stamps):
+    """An MPUB's messages share their publish time: read back, they share one number (no
+    object each, in memory while they wait); a batch whose times differ anywhere gives
+    each its own."""
+    head = records.channel_op(records.CREATE, "c")
+    data = head + records.batch(IDS, stamps[0] if len(set(stamps)) == 1 else stamps, BODIES,
+                                None, None, False)
+    replay = replayed(data)
+    msgs = reader_of(data, replay).messages([location(1, len(head) + i) for i in range(5)])
+    assert [m.timestamp for m in msgs] == stamps
+    assert [m.id for m in msgs] == IDS and [m.body for m in msgs] == BODIES
+    assert len({id(m.timestamp) for m in msgs}) == (1 if len(set(stamps)) == 1 else 5)

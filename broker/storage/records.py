@@ -333,6 +333,9 @@ class Batch:
     deliver_ats: array | None
     expires: array | None
     body_size: int = 0          # the length of every body, when they are all as long
+    # The publish time of every one, when they share it (an MPUB's: one number for all
+    # the messages read back, not one each); None when they differ.
+    stamp: int | None = None
 
     def __len__(self) -> int:
         return len(self.timestamps)
@@ -365,13 +368,16 @@ def read_batch(data: "bytes | memoryview", start: int, stop: int) -> Batch:
         at += n * size
     timestamps, lengths, deliver_ats, expires = columns
     body_size = lengths[0] if n and lengths.count(lengths[0]) == n else 0
+    stamps = pos + 8 * n    # (compared as bytes: no number made of each)
+    first = bytes(data[stamps:stamps + 8])
+    stamp = timestamps[0] if n and first * n == data[stamps:stamps + 8 * n] else None
     # Bodies all as long (the usual MPUB): their bounds are a range, no list to make.
     bounds: "range | list[int]" = (range(at, at + n * body_size + 1, body_size) if body_size
                                    else list(accumulate(lengths, initial=at)))
     if at > stop or bounds[-1] != stop or len(timestamps) != n:
         raise DamagedRecord(f"a batch of {n} messages whose columns do not fill it")
     return Batch(bool(flags & HELD), bytes(data[pos:pos + 8 * n]), timestamps, bounds,
-                 data, deliver_ats, expires, body_size)
+                 data, deliver_ats, expires, body_size, stamp)
 
 
 def fins(channel: str, msg_ids: list[int]) -> list[bytes]:

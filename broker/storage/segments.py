@@ -22,7 +22,7 @@ import os
 import sys
 from array import array
 from bisect import bisect_right
-from itertools import islice
+from itertools import islice, repeat
 from pathlib import Path
 from struct import unpack_from
 from typing import Callable, Sequence
@@ -371,7 +371,9 @@ def _messages(batch: records.Batch, first: int, count: int, loc: int) -> list[Me
         bodies = [data[start:stop] for start, stop in zip(bounds, islice(bounds, 1, None))]
     # Made with their locations (and expiries) at once: no pass over them after.
     expires = batch.expires
-    return read_back(ids, bodies, batch.timestamps[first:first + count], loc,
+    stamp = batch.stamp
+    return read_back(ids, bodies, batch.timestamps[first:first + count] if stamp is None
+                     else repeat(stamp), loc,
                      None if expires is None else expires[first:first + count])
 
 
