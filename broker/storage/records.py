@@ -367,10 +367,12 @@ def read_batch(data: "bytes | memoryview", start: int, stop: int) -> Batch:
         columns.append(column)
         at += n * size
     timestamps, lengths, deliver_ats, expires = columns
-    body_size = lengths[0] if n and lengths.count(lengths[0]) == n else 0
-    stamps = pos + 8 * n    # (compared as bytes: no number made of each)
-    first = bytes(data[stamps:stamps + 8])
-    stamp = timestamps[0] if n and first * n == data[stamps:stamps + 8 * n] else None
+    # Columns whose values are all the same, told by their bytes (no number made of each).
+    stamps, sizes = pos + 8 * n, pos + 16 * n
+    body_size = (lengths[0] if n and bytes(data[sizes:sizes + 4]) * n
+                 == data[sizes:sizes + 4 * n] else 0)
+    stamp = (timestamps[0] if n and bytes(data[stamps:stamps + 8]) * n
+             == data[stamps:stamps + 8 * n] else None)
     # Bodies all as long (the usual MPUB): their bounds are a range, no list to make.
     bounds: "range | list[int]" = (range(at, at + n * body_size + 1, body_size) if body_size
                                    else list(accumulate(lengths, initial=at)))
