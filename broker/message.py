@@ -229,6 +229,10 @@ class Published:
         locs: Iterable[int] = (repeat(0) if not runs else
                                range(runs[0][0] + start, runs[0][0] + stop) if len(runs) == 1
                                else self.locations(start, stop))
+        if stop - start < 2:  # (a PUB's: one ``__init__`` costs less than ``made``'s loop)
+            return list(map(Message, self.ids[start:stop], self.bodies[start:stop],
+                            repeat(self.timestamp), repeat(0), locs,
+                            repeat(0) if expires is None else expires[start:stop]))
         return made(self.ids[start:stop], self.bodies[start:stop], repeat(self.timestamp),
                     locs, None if expires is None else expires[start:stop])
 
