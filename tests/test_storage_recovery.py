@@ -937,3 +937,22 @@ def test_a_log_checked_by_either_crc32_recovers_and_reads_back_under_the_other(
     assert [m.id for m in consumer.received] == ids[1:]
     assert [m.body for m in consumer.received] == [b"m%d" % i for i in range(1, 8)] + [b"one"]
     assert [m.attempts for m in consumer.received] == [2, 2] + [1] * 6
+
+
+def test_fins_of_messages_in_several_files_release_each_file_only_for_its_own(tmp_path):
+    """One channel FINs messages written over several files while another still needs
+    all of them: every file stays (synced, deletions done) and the other channel gets
+    every message after a restart; the FINed ones never come back."""
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=1024)
+    broker.create_channel("events", "done")
+    broker.create_channel("events", "later")
+    ids = [broker.publish("events", b"%03d" % i + b"x" * 60) for i in range(40)]
+    assert len(broker.storage.logs["events"].segment_numbers()) > 2
+    assert set(drain(broker, "events", "done")) == set(ids)   # FINed, in batches
+    broker.storage.wait_synced()    # what was let go is deleted
+    crash(broker)
+    broker = start(tmp_path, clock, max_bytes_per_file=1024)
+    assert drain(broker, "events", "done") == {}
+    assert sorted(drain(broker, "events", "later").values()) == [
+        b"%03d" % i + b"x" * 60 for i in range(40)]
