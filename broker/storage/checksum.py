@@ -11,7 +11,7 @@ from __future__ import annotations
 
 try:
     from zlib_ng.zlib_ng import crc32
-except ImportError:  # pragma: no cover - zlib-ng is a dependency
+except ImportError:  # (zlib-ng is a dependency: a platform without its wheel)
     from zlib import crc32
 
 __all__ = ["crc32"]

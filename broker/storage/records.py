@@ -177,7 +177,7 @@ def recover_key(data: bytes, at: int = PROLOGUE_SIZE) -> int | None:
         stop = at + HEADER_SIZE + length
         if magic != MAGIC or length > MAX_PAYLOAD or stop > len(data):
             return None
-        keys.append((crc32(data[at + HEADER_SIZE:stop], crc32(bytes((kind,)))) ^ crc,
+        keys.append((crc32(data[at + HEADER_SIZE:stop], _KIND_SEEDS[kind]) ^ crc,
                      bytes(data[at + 2:stop])))
         at = stop
     (first, a), (second, b) = keys

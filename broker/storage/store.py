@@ -543,10 +543,10 @@ class DiskStore(Store):
             msg.loc = 0  # gone: no delivery count is written for it any more
         self._finishes += 1
         topic_log = self.logs[channel.topic.name]
-        # The usual case: all in one segment. A consumer that keeps up finishes messages
-        # of a log whose one file holds every pending message (the segments of the
-        # locations, two-digit numbers, compared by ``min`` and ``max`` cost a tenth of
-        # the FIN); one reading a backlog over several files, in one or two.
+        # While one file alone holds pending messages (a consumer that keeps up), every
+        # message FINed is in it: no look at their locations (comparing them with ``min``
+        # and ``max`` was a third of what storage does for a FIN). Else they are compared,
+        # and counted by file when they are in several.
         first = topic_log.sole_holder()
         if first is None:
             first, last = min(locs) >> OFFSET_BITS, max(locs) >> OFFSET_BITS
