@@ -300,17 +300,10 @@ class TopicLog:
                 raise _WouldWait  # the thread reads it (and tells damage from a miss)
         return block
 
-    def sole_holder(self) -> int | None:
-        """The segment holding every pending message of the log, when one alone holds any
-        (None: none, or several): each message being FINed is in it, with no look at
-        where."""
-        sole = None
-        for seg, count in self.refs.items():
-            if count > 0:
-                if sole is not None:
-                    return None
-                sole = seg
-        return sole
+    def holders(self) -> list[int]:
+        """The segments holding pending messages, oldest first: each message pending is in
+        one of them (so one being FINed is in the first or a later one)."""
+        return sorted(seg for seg, count in self.refs.items() if count > 0)
 
     def hold(self, seg: int, count: int = 1) -> None:
         self.refs[seg] = self.refs.get(seg, 0) + count
