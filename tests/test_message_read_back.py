@@ -44,3 +44,25 @@ def test_a_publishs_locations_are_its_runs_in_order_however_long(runs, data):
     stop = data.draw(st.integers(start, n))
     assert published.locations(start, stop).tolist() == flat[start:stop]
     assert [msg.loc for msg in published.messages(start, stop)] == flat[start:stop]
+
+
+@given(st.lists(st.tuples(st.binary(max_size=40), _TIME), min_size=1, max_size=30),
+       _TIME, st.booleans(), st.booleans(), st.data())
+def test_a_publishs_messages_made_in_bulk_equal_messages_made_one_by_one(
+        rows, timestamp, expiring, stored, data):
+    """What a queue keeps in memory of a publish (memory-only, or durable within
+    --mem-queue-size) is what ``Message(...)`` makes of each: the same value in every slot."""
+    n = len(rows)
+    bodies = [row[0] for row in rows]
+    expires = [row[1] for row in rows] if expiring else None
+    published = Published(raw_id_run(7 << 40, n), bodies, timestamp, expires)
+    if stored:
+        published.runs = [(1 << 41, n)]
+    start = data.draw(st.integers(0, n))
+    stop = data.draw(st.integers(start, n))
+    one_by_one = [Message(published.ids[i], bodies[i], timestamp, 0,
+                          (1 << 41) + i if stored else 0, expires[i] if expiring else 0)
+                  for i in range(start, stop)]
+    bulk = published.messages(start, stop)
+    assert [type(msg) for msg in bulk] == [Message] * (stop - start)
+    assert [slots(msg) for msg in bulk] == [slots(msg) for msg in one_by_one]

@@ -648,3 +648,38 @@ def test_a_log_file_takes_a_record_ending_at_max_bytes_per_file_and_rolls_for_on
         if not past:
             assert (directory / "00000001.log").stat().st_size == 1024
         topic_log.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=3000), st.integers(0, 2**32 - 1))
+def test_the_logs_checksum_is_zlibs_crc32_computed_by_zlib_ng(data, seed):
+    """Every record's check is zlib's CRC-32 (so logs written before read as before),
+    computed by zlib-ng (the speed a publish and a read-back take)."""
+    import zlib
+
+    from zlib_ng import zlib_ng
+
+    from broker.storage import checksum
+
+    assert checksum.crc32 is zlib_ng.crc32
+    assert checksum.crc32(data, seed) == zlib.crc32(data, seed)
+    assert checksum.crc32(memoryview(data)[1:], seed) == zlib.crc32(data[1:], seed)
+    assert records.encode(records.FIN, data) == (
+        records.HEADER.pack(records.MAGIC, records.FIN, len(data),
+                            zlib.crc32(data, zlib.crc32(bytes((records.FIN,))))) + data)
+
+
+@pytest.mark.parametrize("stamps", [[5_000] * 5, [5_000] * 4 + [5_001], [4_999] + [5_000] * 4])
+def test_messages_of_a_batch_read_back_with_each_ones_publish_time_one_number_when_shared(
+        stamps):
+    """An MPUB's messages share their publish time: read back, they share one number (no
+    object each, in memory while they wait); a batch whose times differ anywhere gives
+    each its own."""
+    head = records.channel_op(records.CREATE, "c")
+    data = head + records.batch(IDS, stamps[0] if len(set(stamps)) == 1 else stamps, BODIES,
+                                None, None, False)
+    replay = replayed(data)
+    msgs = reader_of(data, replay).messages([location(1, len(head) + i) for i in range(5)])
+    assert [m.timestamp for m in msgs] == stamps
+    assert [m.id for m in msgs] == IDS and [m.body for m in msgs] == BODIES
+    assert len({id(m.timestamp) for m in msgs}) == (1 if len(set(stamps)) == 1 else 5)

@@ -901,3 +901,64 @@ def test_a_topic_whose_old_file_is_not_worth_copying_does_not_hold_up_another_to
     assert min(broker.storage.logs["events"].refs) > head
     assert broker.topic("backlog").stats().rewritten_bytes == 0
     assert list(drain(broker, "backlog", "work")) == backlog
+
+
+@pytest.mark.parametrize("writer", ["zlib", "zlib-ng"])
+def test_a_log_checked_by_either_crc32_recovers_and_reads_back_under_the_other(
+        tmp_path, monkeypatch, writer):
+    """Logs written before zlib-ng computed the checksum (zlib's ``crc32``: every record,
+    PUBs, MPUB batches, FINs and delivery counts) recover and read back whole under
+    zlib-ng, and the other way round: the two give the same numbers."""
+    import zlib
+
+    from broker.storage import checksum, segments
+
+    used = {"zlib": zlib.crc32, "zlib-ng": checksum.crc32}
+    other = used["zlib-ng" if writer == "zlib" else "zlib"]
+    for module in (records, segments):
+        monkeypatch.setattr(module, "crc32", used[writer])
+    monkeypatch.setattr(records, "_KIND_SEEDS", [used[writer](bytes((k,))) for k in range(256)])
+    clock = ManualClock()
+    broker = start(tmp_path, clock, mem_queue_size=3)
+    broker.create_channel("events", "work")
+    ids = broker.multi_publish("events", [b"m%d" % i for i in range(8)])
+    ids.append(broker.publish("events", b"one"))
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "work")
+    ch.set_rdy(consumer, 2)
+    ch.finish(consumer, ids[0])   # a FIN; delivery counts for the next two
+    crash(broker)
+    for module in (records, segments):
+        monkeypatch.setattr(module, "crc32", other)
+    monkeypatch.setattr(records, "_KIND_SEEDS", [other(bytes((k,))) for k in range(256)])
+    broker = start(tmp_path, clock, mem_queue_size=3)
+    consumer = Recorder(broker)
+    broker.subscribe(consumer, "events", "work").set_rdy(consumer, 20)
+    assert [m.id for m in consumer.received] == ids[1:]
+    assert [m.body for m in consumer.received] == [b"m%d" % i for i in range(1, 8)] + [b"one"]
+    assert [m.attempts for m in consumer.received] == [2, 2] + [1] * 6
+
+
+def test_fins_of_messages_in_several_files_release_each_file_only_for_its_own(tmp_path):
+    """One channel FINs messages written over several files while another still needs
+    all of them: every file stays (synced, deletions done) and the other channel gets
+    every message after a restart; the FINed ones never come back."""
+    clock = ManualClock()
+    broker = start(tmp_path, clock, max_bytes_per_file=1024)
+    broker.create_channel("events", "done")
+    broker.create_channel("events", "later")
+    ids = [broker.publish("events", b"%03d" % i + b"x" * 60) for i in range(40)]
+    assert len(broker.storage.logs["events"].segment_numbers()) > 2
+    consumer = Recorder(broker)
+    ch = broker.subscribe(consumer, "events", "done")
+    ch.set_rdy(consumer, 100)
+    assert [m.id for m in consumer.received] == ids
+    ch.finish_many(consumer, ids[:3])       # in the oldest file
+    ch.finish_many(consumer, ids[3:30])     # from it into the next ones
+    ch.finish_many(consumer, ids[30:])      # in the newest files
+    broker.storage.wait_synced()    # what was let go is deleted
+    crash(broker)
+    broker = start(tmp_path, clock, max_bytes_per_file=1024)
+    assert drain(broker, "events", "done") == {}
+    assert sorted(drain(broker, "events", "later").values()) == [
+        b"%03d" % i + b"x" * 60 for i in range(40)]

@@ -61,12 +61,13 @@ import logging
 import secrets
 import struct
 import sys
-import zlib
 from array import array
 from binascii import unhexlify
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Callable, Iterable, Iterator
+
+from .checksum import crc32
 
 log = logging.getLogger("pynsqd")
 
@@ -83,6 +84,8 @@ KEY, LEASE_MADE, LEASE_GONE, ROLL, FORWARD, FILE_GONE = 14, 15, 16, 17, 18, 19
 ROLL_BODY = struct.Struct(">IIQ")         # oldest file kept, this file, the next message id
 FORWARD_BODY = struct.Struct(">IQ")       # the next file, the next message id
 FILE_GONE_BODY = struct.Struct(">I")
+# The check of a record starts from the CRC-32 of its type byte: each type's, made once.
+_KIND_SEEDS = [crc32(bytes((kind,))) for kind in range(256)]
 CREATE, DELETE, PAUSE, UNPAUSE = 1, 2, 3, 4
 
 HELD, EXPIRES, DEFERS = 1, 2, 4
@@ -99,7 +102,7 @@ MAX_IDS_PER_RECORD = 1 << 16
 
 def encode(kind: int, payload: bytes, key: int = 0) -> bytes:
     """A record, checked under ``key`` (a file's: see ``seal``; 0: no key)."""
-    crc = zlib.crc32(payload, zlib.crc32(bytes((kind,))))
+    crc = crc32(payload, _KIND_SEEDS[kind])
     return HEADER.pack(MAGIC, kind, len(payload), crc ^ key) + payload
 
 
@@ -155,7 +158,7 @@ def file_key(head: bytes) -> tuple[int, int] | None:
         if magic == MAGIC and kind == KEY:
             looks_keyed = True
             payload = head[at + HEADER_SIZE:at + KEY_RECORD_SIZE]
-            if length == _KEY_BODY.size and zlib.crc32(payload, _KEY_SEED) == crc:
+            if length == _KEY_BODY.size and crc32(payload, _KEY_SEED) == crc:
                 version, key = _KEY_BODY.unpack(payload)
                 if version == KEY_VERSION and key:
                     return key, PROLOGUE_SIZE
@@ -174,7 +177,7 @@ def recover_key(data: bytes, at: int = PROLOGUE_SIZE) -> int | None:
         stop = at + HEADER_SIZE + length
         if magic != MAGIC or length > MAX_PAYLOAD or stop > len(data):
             return None
-        keys.append((zlib.crc32(data[at + HEADER_SIZE:stop], zlib.crc32(bytes((kind,)))) ^ crc,
+        keys.append((crc32(data[at + HEADER_SIZE:stop], _KIND_SEEDS[kind]) ^ crc,
                      bytes(data[at + 2:stop])))
         at = stop
     (first, a), (second, b) = keys
@@ -215,7 +218,7 @@ def pubs(ids: list[str], timestamps: list[int], bodies: list[bytes], deliver_ats
     logs as it always did)."""
     raw = bytes.fromhex("".join(ids))
     pack_head, pack_header = _PUB_HEAD_RAW_ID.pack, HEADER.pack
-    pack_expires, crc32, seed = PUB_EXPIRES.pack, zlib.crc32, _SEEDS[PUB]
+    pack_expires, seed = PUB_EXPIRES.pack, _SEEDS[PUB]
     flags = HELD if held else 0
     parts: list[bytes] = []
     starts: list[int] = []
@@ -330,6 +333,9 @@ class Batch:
     deliver_ats: array | None
     expires: array | None
     body_size: int = 0          # the length of every body, when they are all as long
+    # The publish time of every one, when they share it (an MPUB's: one number for all
+    # the messages read back, not one each); None when they differ.
+    stamp: int | None = None
 
     def __len__(self) -> int:
         return len(self.timestamps)
@@ -361,14 +367,19 @@ def read_batch(data: "bytes | memoryview", start: int, stop: int) -> Batch:
         columns.append(column)
         at += n * size
     timestamps, lengths, deliver_ats, expires = columns
-    body_size = lengths[0] if n and lengths.count(lengths[0]) == n else 0
+    # Columns whose values are all the same, told by their bytes (no number made of each).
+    stamps, sizes = pos + 8 * n, pos + 16 * n
+    body_size = (lengths[0] if n and bytes(data[sizes:sizes + 4]) * n
+                 == data[sizes:sizes + 4 * n] else 0)
+    stamp = (timestamps[0] if n and bytes(data[stamps:stamps + 8]) * n
+             == data[stamps:stamps + 8 * n] else None)
     # Bodies all as long (the usual MPUB): their bounds are a range, no list to make.
     bounds: "range | list[int]" = (range(at, at + n * body_size + 1, body_size) if body_size
                                    else list(accumulate(lengths, initial=at)))
     if at > stop or bounds[-1] != stop or len(timestamps) != n:
         raise DamagedRecord(f"a batch of {n} messages whose columns do not fill it")
     return Batch(bool(flags & HELD), bytes(data[pos:pos + 8 * n]), timestamps, bounds,
-                 data, deliver_ats, expires, body_size)
+                 data, deliver_ats, expires, body_size, stamp)
 
 
 def fins(channel: str, msg_ids: list[int]) -> list[bytes]:
@@ -508,7 +519,7 @@ def message_at(block: bytes, pos: int, key: int = 0) -> tuple[str, int, bytes, i
     if magic != MAGIC or stop > len(block) or kind not in (PUB, MOVE):
         return None
     view = memoryview(block)[start:stop]
-    if zlib.crc32(view, _SEEDS[kind]) != crc ^ key:
+    if crc32(view, _SEEDS[kind]) != crc ^ key:
         return None
     if kind == MOVE:
         msg_id, ts, _, body, expires = Record(MOVE, pos, view).move()
@@ -522,8 +533,8 @@ def message_at(block: bytes, pos: int, key: int = 0) -> tuple[str, int, bytes, i
 
 
 _PUB_REST = struct.Struct(">qqB")          # PUB_HEAD after the id
-_SEEDS = {kind: zlib.crc32(bytes((kind,))) for kind in (PUB, MOVE, BATCH)}
-_KEY_SEED = zlib.crc32(bytes((KEY,)))
+_SEEDS = {kind: crc32(bytes((kind,))) for kind in (PUB, MOVE, BATCH)}
+_KEY_SEED = crc32(bytes((KEY,)))
 BATCH_SEED = _SEEDS[BATCH]
 # A PUB's header and head in one go, the CRC's seed, and where its body starts.
 PUB_WHOLE = struct.Struct(HEADER.format + PUB_HEAD.format[1:])
@@ -628,7 +639,7 @@ def scan(data: bytes, where: str, base: int = 0, rest: list[int] | None = None,
         if rest is not None and magic == MAGIC and length <= MAX_PAYLOAD and stop > size:
             break  # the next block has the rest of it
         if (magic == MAGIC and length <= MAX_PAYLOAD and stop <= size
-                and zlib.crc32(view[start:stop], zlib.crc32(bytes((kind,)))) == crc ^ key):
+                and crc32(view[start:stop], _KIND_SEEDS[kind]) == crc ^ key):
             if damaged_at is not None:
                 skipped(pos)
                 damaged_at = None

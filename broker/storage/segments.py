@@ -20,16 +20,16 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import zlib
 from array import array
 from bisect import bisect_right
-from itertools import islice
+from itertools import islice, repeat
 from pathlib import Path
 from struct import unpack_from
 from typing import Callable, Sequence
 
 from ..message import Message, read_back, runs_of
 from . import fileops, records
+from .checksum import crc32
 from .records import EXPIRES
 
 log = logging.getLogger("pynsqd")
@@ -300,6 +300,11 @@ class TopicLog:
                 raise _WouldWait  # the thread reads it (and tells damage from a miss)
         return block
 
+    def holders(self) -> list[int]:
+        """The segments holding pending messages, oldest first: each message pending is in
+        one of them (so one being FINed is in the first or a later one)."""
+        return sorted(seg for seg, count in self.refs.items() if count > 0)
+
     def hold(self, seg: int, count: int = 1) -> None:
         self.refs[seg] = self.refs.get(seg, 0) + count
 
@@ -371,7 +376,9 @@ def _messages(batch: records.Batch, first: int, count: int, loc: int) -> list[Me
         bodies = [data[start:stop] for start, stop in zip(bounds, islice(bounds, 1, None))]
     # Made with their locations (and expiries) at once: no pass over them after.
     expires = batch.expires
-    return read_back(ids, bodies, batch.timestamps[first:first + count], loc,
+    stamp = batch.stamp
+    return read_back(ids, bodies, batch.timestamps[first:first + count] if stamp is None
+                     else repeat(stamp), loc,
                      None if expires is None else expires[first:first + count])
 
 
@@ -475,7 +482,7 @@ class Reader:
         start = rel + records.HEADER_SIZE
         stop = start + length
         if (magic != records.MAGIC or kind != records.BATCH or stop > self.size
-                or zlib.crc32(memoryview(block)[start:stop], records.BATCH_SEED)
+                or crc32(memoryview(block)[start:stop], records.BATCH_SEED)
                 != crc ^ self.keys.get(loc >> OFFSET_BITS, 0)):
             return None
         try:
@@ -495,7 +502,7 @@ class Reader:
             stop = start + length
             if (magic == records.MAGIC_NUMBER and kind == records.PUB and not flags & EXPIRES
                     and stop <= size
-                    and zlib.crc32(memoryview(block)[start:stop], records.PUB_SEED) == crc ^ key):
+                    and crc32(memoryview(block)[start:stop], records.PUB_SEED) == crc ^ key):
                 # The id's 8 bytes in hex are the message's id.
                 msg = Message(raw_id.hex(), block[rel + records.PUB_BODY_AT:stop], ts)
                 msg.loc = loc
