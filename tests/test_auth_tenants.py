@@ -222,6 +222,24 @@ def test_one_tenant_cannot_claim_another_tenants_producer_id(broker):
     bob.close()
 
 
+def test_a_single_publish_replayed_is_published_once_within_its_own_tenant_only(broker):
+    """gRPC Publish as MultiPublish: a replayed (producer_id, sequence) answers the first id
+    and publishes nothing, the next sequence publishes, and another tenant's same producer
+    id and sequence are its own (not a conflict with hers)."""
+    alice, bob = client(broker, "alice"), client(broker, "bob")
+    try:
+        bobs = bob.publish("b-single", b"bob's", producer_id="single", sequence=7)
+        first = alice.publish("a-single", b"one", producer_id="single", sequence=7)
+        assert alice.publish("a-single", b"one", producer_id="single", sequence=7) == first
+        assert alice.publish("a-single", b"two", producer_id="single", sequence=8) != first
+        assert bob.publish("b-single", b"bob's", producer_id="single", sequence=7) == bobs
+        assert alice.stats("a-single").topics[0].message_count == 2
+        assert bob.stats("b-single").topics[0].message_count == 1
+    finally:
+        alice.close()
+        bob.close()
+
+
 # -- grant regexes: linear time, searched as nsqd searches -------------------------------
 
 def test_a_grant_regex_that_backtracks_is_answered_at_once():
