@@ -222,6 +222,32 @@ def test_one_tenant_cannot_claim_another_tenants_producer_id(broker):
     bob.close()
 
 
+@pytest.mark.parametrize("call", ["publish", "multi_publish"])
+def test_a_publish_replayed_is_published_once_within_its_own_tenant_only(broker, call):
+    """gRPC Publish and MultiPublish: a replayed (producer_id, sequence) answers the first
+    ids and publishes nothing, the next sequence publishes, and another tenant's same
+    producer id and sequence are its own (not a conflict with hers)."""
+    alice, bob = client(broker, "alice"), client(broker, "bob")
+
+    def send(c: Client, topic: str, body: bytes, sequence: int):
+        if call == "publish":
+            return c.publish(topic, body, producer_id=call, sequence=sequence)
+        return c.multi_publish(topic, [body, body + b"!"], producer_id=call, sequence=sequence)
+
+    per_call = 1 if call == "publish" else 2
+    try:
+        bobs = send(bob, f"b-{call}", b"bob's", 7)
+        first = send(alice, f"a-{call}", b"one", 7)
+        assert send(alice, f"a-{call}", b"one", 7) == first
+        assert send(alice, f"a-{call}", b"two", 8) != first
+        assert send(bob, f"b-{call}", b"bob's", 7) == bobs
+        assert alice.stats(f"a-{call}").topics[0].message_count == 2 * per_call
+        assert bob.stats(f"b-{call}").topics[0].message_count == per_call
+    finally:
+        alice.close()
+        bob.close()
+
+
 # -- grant regexes: linear time, searched as nsqd searches -------------------------------
 
 def test_a_grant_regex_that_backtracks_is_answered_at_once():

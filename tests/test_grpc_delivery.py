@@ -150,6 +150,15 @@ def test_deferred_publish_arrives_no_earlier_than_its_delay(client):
     assert msg.id == msg_id
 
 
+def test_a_multi_publish_defers_each_message_by_its_own_defer(client):
+    with client.subscribe("events", "work", rdy=2) as sub:
+        now, later = client.multi_publish("events", ["now", "later"], defer_ms=[0, 600_000])
+        [(_, msg)] = collect([sub], 1)
+        stats = channel_stats(client, "events", "work")
+        assert (msg.id, msg.body, stats.deferred_count) == (now, b"now", 1)
+        assert later != now
+
+
 def test_disconnecting_consumer_messages_go_to_another_consumer_at_once(client):
     leaving = client.subscribe("events", "work", rdy=5, msg_timeout_ms=600_000)
     ids = client.multi_publish("events", [f"m{i}" for i in range(5)])

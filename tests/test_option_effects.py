@@ -516,3 +516,29 @@ def test_a_topic_created_again_without_a_ttl_keeps_the_ttl_it_has():
         assert c.stats("events").topics[0].ttl_ms == 0
         c.create_topic("plain")
         assert c.stats("plain").topics[0].ttl_ms == 0
+
+
+def test_a_ttl_or_max_attempts_of_0_given_over_http_is_set_and_one_left_out_is_kept():
+    """The HTTP creates as the gRPC ones: `ttl=0` and `max_attempts=0` are values (set back
+    to none, never dead-lettered), not "no change"; a setting the query leaves out is kept."""
+    with EmbeddedBroker(max_attempts=2) as b, Client(b.address, timeout=10) as c:
+        def post(path: str) -> tuple[int, bytes]:
+            return auth_http(b, path, body=b"")
+
+        assert post("/topic/create?topic=events&ttl=60s") == (200, b"")
+        assert post("/topic/create?topic=events") == (200, b"")
+        assert c.stats("events").topics[0].ttl_ms == 60_000
+        assert post("/topic/create?topic=events&ttl=0") == (200, b"")
+        assert c.stats("events").topics[0].ttl_ms == 0
+
+        assert post("/channel/create?topic=events&channel=work&max_attempts=5"
+                    "&dead_letter_topic=events.failed") == (200, b"")
+        assert post("/channel/create?topic=events&channel=work") == (200, b"")
+        stats = channel_stats(c, "events", "work")
+        assert (stats.max_attempts, stats.dead_letter_topic) == (5, "events.failed")
+        assert post("/channel/create?topic=events&channel=work&max_attempts=0") == (200, b"")
+        stats = channel_stats(c, "events", "work")
+        assert (stats.max_attempts, stats.dead_letter_topic) == (0, "events.failed")
+        assert post("/channel/create?topic=events&channel=plain") == (200, b"")
+        stats = channel_stats(c, "events", "plain")     # the broker's, as none was given
+        assert (stats.max_attempts, stats.dead_letter_topic) == (2, "events.dead")
