@@ -375,7 +375,13 @@ class Broker:
             remembered = RememberedLease(ch, ids, timeout, attempts, lease_id, owner=owner)
             self._requeued[lease_id] = remembered
             ch.lease_claims.claim(remembered, here)
-            kept.append((lease_id, topic, channel, timeout, ids, attempts, owner))
+            kept.append(((lease_id, topic, channel, timeout, ids, attempts, owner), remembered))
+        # A lease made later may claim every message an earlier one kept: the earlier one
+        # is then forgotten (``forget_remembered``, while no journal is open to note it), so
+        # the rewritten journal must not keep it either, or it outlives every later FIN and
+        # a later start whose messages came back (a power loss took their FIN) remembers it.
+        kept = [record for record, remembered in kept
+                if self._requeued.get(record[0]) is remembered]
         journal.open(kept)
         self.lease_journal = journal
         if kept:

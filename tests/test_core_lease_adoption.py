@@ -154,6 +154,42 @@ def test_a_lease_kept_across_a_restart_and_then_finished_is_gone_from_the_journa
     assert journal.load() == []
 
 
+def test_a_lease_whose_messages_a_later_lease_took_is_not_kept_in_the_journal_by_a_start(
+        tmp_path):
+    # A lease kept by one start, whose message a later lease then took, is forgotten at
+    # the next start (the later lease claims the message): the journal must forget it too,
+    # or it outlives every later FIN and comes back whenever the message does.
+    from broker.clock import ManualClock
+    from broker.lease import LeaseJournal
+    from .test_storage_recovery import crash, start
+
+    clock = ManualClock()
+    broker = start(tmp_path, clock)
+    broker.restore_leases(LeaseJournal(tmp_path / "leases.journal"))
+    broker.create_channel("events", "spark")
+    broker.multi_publish("events", [b"a"])
+    session = broker.open_lease_session("driver")
+    first, _ = broker.reserve(session.session_id, "events", "spark", 1, 5000)
+    crash(broker)
+    broker.lease_journal.close()
+
+    broker = start(tmp_path, clock)
+    assert broker.restore_leases(LeaseJournal(tmp_path / "leases.journal")) == 1
+    session = broker.open_lease_session("driver")
+    second, _ = broker.reserve(session.session_id, "events", "spark", 1, 5000)
+    crash(broker)
+    broker.lease_journal.close()
+
+    broker = start(tmp_path, clock)
+    journal = LeaseJournal(tmp_path / "leases.journal")
+    assert broker.restore_leases(journal) == 1
+    assert [r[0] for r in journal.load()] == [second.lease_id]
+    assert broker.finish_leases([second.lease_id]) == (1, [])
+    assert journal.load() == []
+    session = broker.open_lease_session("replay")
+    assert broker.adopt_leases(session.session_id, [first.lease_id]) == (0, [first.lease_id])
+
+
 def test_a_lease_kept_across_a_crash_still_answers_to_its_owner_alone(tmp_path):
     # Under auth a lease answers to the principal that made it; the journal keeps that
     # owner, so after kill -9 the owner's commit is let through and another's is not.
