@@ -176,6 +176,11 @@ def test_stopping_ends_a_reserve_waiting_for_a_silent_broker(broker, client):
     assert isinstance(outcome.get("error"), BrokerUnreachable), outcome
 
 
+# A call to a stalled broker gives up after timeoutMs (here 0.5 s), a wait after
+# reconnectTimeoutMs (1 s): well under this, and under the client's own default of 30 s.
+GIVEN_UP_WITHIN = 25
+
+
 def test_a_broker_whose_connection_stalls_is_given_up_after_timeout_and_reconnect_timeout(
         broker, client):
     """The broker's connection stays open but nothing comes back (a hung host, a firewall
@@ -188,7 +193,7 @@ def test_a_broker_whose_connection_stalls_is_given_up_after_timeout_and_reconnec
         try:
             proxy.blackhole(True)
             thread, outcome = in_thread(lambda: keeper.reserve(1, 10, 1 << 20))
-            thread.join(120)
+            thread.join(GIVEN_UP_WITHIN)
             assert not thread.is_alive()
             a = re.escape(proxy.address)
             assert re.fullmatch(rf"pynsq source: cannot reach the broker at {a} \(option "
@@ -197,6 +202,19 @@ def test_a_broker_whose_connection_stalls_is_given_up_after_timeout_and_reconnec
                                 str(outcome.get("error")))
         finally:
             keeper.close()
+
+
+def test_a_broker_stalled_at_the_start_is_named_after_timeout_ms(broker):
+    """Asking for its workers and its first ping each give up after timeoutMs."""
+    with FaultProxy(broker.address) as proxy:
+        proxy.blackhole(True)
+        thread, outcome = in_thread(
+            lambda: LeaseKeeper(keeper_options(address=proxy.address, timeoutMs="500")))
+        thread.join(GIVEN_UP_WITHIN)
+        assert not thread.is_alive()
+        assert re.fullmatch(rf"pynsq source: cannot reach the broker at "
+                            rf"{re.escape(proxy.address)} \(option address\): .+",
+                            str(outcome.get("error")))
 
 
 # -- what every call carries ---------------------------------------------------------------
