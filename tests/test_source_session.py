@@ -217,6 +217,44 @@ def test_a_broker_stalled_at_the_start_is_named_after_timeout_ms(broker):
                             str(outcome.get("error")))
 
 
+def test_a_silent_nsqlookupd_at_the_start_is_named_after_timeout_ms():
+    """nsqlookupd's port takes connections and never answers."""
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        lookupd = "127.0.0.1:%d" % listener.getsockname()[1]
+        thread, outcome = in_thread(
+            lambda: LeaseKeeper(keeper_options(lookupdHttpAddress=lookupd, timeoutMs="500")))
+        thread.join(GIVEN_UP_WITHIN)
+        assert not thread.is_alive()
+    assert re.fullmatch(rf"pynsq source: no nsqlookupd answered .*{re.escape(lookupd)}.* "
+                        rf"\(option lookupdHttpAddress\)", str(outcome.get("error")))
+
+
+def test_with_fail_on_data_loss_false_a_broker_silent_at_the_start_is_logged_and_left_out(
+        broker, client, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, "pynsq.spark")
+    client.create_channel("events", "spark")
+    client.multi_publish("events", [b"m"] * 4)
+    dead = f"127.0.0.1:{free_port()}"
+    keeper = LeaseKeeper(keeper_options(address=f"{dead},{broker.address}",
+                                        failOnDataLoss="false"))
+    try:
+        leases = keeper.reserve(1, 10, 1 << 20)
+        assert [(lease["address"], lease["count"]) for lease in leases.values()] == [
+            (broker.address, 4)]
+        [warning] = [m for m in caplog.messages if dead in m]
+        assert re.fullmatch(rf"pynsq source: cannot reach the broker at {re.escape(dead)} "
+                            rf"\(option address\): .+; going on with the other brokers "
+                            rf"\(failOnDataLoss=false\)", warning)
+    finally:
+        keeper.close()
+
+
 # -- what every call carries ---------------------------------------------------------------
 
 def test_a_batch_held_longer_than_msg_timeout_keeps_its_messages_by_the_keepers_touches(
