@@ -301,3 +301,22 @@ def test_the_tls_options_are_used_to_reach_each_broker_and_find_its_workers(cert
             assert lease["count"] == 3
         finally:
             keeper.close()
+
+
+def test_a_driver_that_never_stops_the_source_still_exits(broker, client):
+    """The keeper's touch thread does not hold the driver's process open: a driver that
+    dies without Spark calling ``stop`` exits (its leases are requeued after their grace)."""
+    import subprocess
+    import sys
+
+    client.create_channel("events", "spark")
+    driver = subprocess.run(
+        [sys.executable, "-c",
+         "from spark_connector.options import ReaderOptions\n"
+         "from spark_connector.session import LeaseKeeper\n"
+         f"LeaseKeeper(ReaderOptions.parse({{'address': '{broker.address}', "
+         "'topic': 'events', 'channel': 'spark'})).reserve(1, 10, 1 << 20)\n"
+         "print('planned')\n"],
+        capture_output=True, text=True, timeout=60)
+    assert (driver.returncode, driver.stdout) == (0, "planned\n"), driver.stderr
+
