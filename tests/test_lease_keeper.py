@@ -146,7 +146,7 @@ def test_available_now_reads_nothing_from_a_broker_not_there_at_its_start(two):
     assert per_broker(keeper.reserve(1, 1000, 1 << 20)) == {a: 5}
 
 
-def test_a_broker_a_reserve_cannot_reach_is_logged_once_and_the_others_read(
+def test_a_broker_a_reserve_or_a_create_cannot_reach_is_logged_once_and_the_others_read(
         broker, client, caplog):
     import logging
 
@@ -163,6 +163,10 @@ def test_a_broker_a_reserve_cannot_reach_is_logged_once_and_the_others_read(
         assert per_broker(keeper.reserve(1, 10, 1 << 20)) == {broker.address: 10}
         failed = [m for m in caplog.messages if gone in m]
         assert len(failed) == 1 and failed[0].startswith(f"pynsq: reserve on {gone} failed: ")
+        keeper.ensure_channel()
+        failed = [m for m in caplog.messages if gone in m][1:]
+        assert len(failed) == 1 and failed[0].startswith(
+            f"pynsq: creating the channel on {gone} failed: ")
     finally:
         keeper.close()
 
