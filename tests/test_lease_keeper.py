@@ -140,6 +140,22 @@ def test_with_three_brokers_the_one_asked_first_turns_through_each_in_order(two)
             keeper.close()
 
 
+def test_what_two_empty_brokers_of_three_left_goes_to_the_third_messages_and_bytes_alike(
+        two):
+    _, (a, b), (client_a, client_b) = two
+    for c in (client_a, client_b):
+        c.admin("channel", "empty", "events", "spark")
+    with EmbeddedBroker() as third, Client(third.address) as client_c:
+        client_c.create_channel("events", "spark")
+        client_c.multi_publish("events", [b"0123456789"] * 100)
+        keeper = LeaseKeeper(options(a, b, third.address))
+        try:
+            assert per_broker(keeper.reserve(1, 30, 1 << 20)) == {third.address: 30}
+            assert per_broker(keeper.reserve(2, 1000, 300)) == {third.address: 30}
+        finally:
+            keeper.close()
+
+
 def test_available_now_reads_nothing_from_a_broker_not_there_at_its_start(two):
     keeper, (a, b), _ = two
     keeper.target = {a: 5}            # b joined the fleet after the start
