@@ -205,12 +205,14 @@ def test_a_broker_whose_connection_stalls_is_given_up_after_timeout_and_reconnec
 
 
 def test_a_broker_stalled_at_the_start_is_named_after_timeout_ms(broker):
-    """Asking for its workers and its first ping each give up after timeoutMs."""
+    """Asking for its workers and its first ping each give up after timeoutMs (0.1 s here;
+    gRPC's own connect timeout, 20 s, ends a call with no deadline sooner than the client's
+    default of 30 s, so the bound is under both)."""
     with FaultProxy(broker.address) as proxy:
         proxy.blackhole(True)
         thread, outcome = in_thread(
-            lambda: LeaseKeeper(keeper_options(address=proxy.address, timeoutMs="500")))
-        thread.join(GIVEN_UP_WITHIN)
+            lambda: LeaseKeeper(keeper_options(address=proxy.address, timeoutMs="100")))
+        thread.join(10)
         assert not thread.is_alive()
         assert re.fullmatch(rf"pynsq source: cannot reach the broker at "
                             rf"{re.escape(proxy.address)} \(option address\): .+",
@@ -279,6 +281,21 @@ def test_a_batch_held_longer_than_msg_timeout_keeps_its_messages_by_the_keepers_
             bystander.close()
         stats = channel_stats(client, "events", "spark")
         assert (stats.timeout_count, stats.in_flight_count) == (2, 5)
+    finally:
+        keeper.close()
+
+
+def test_a_lease_nobody_touches_times_out_after_the_sources_msg_timeout(broker, client):
+    """Each reserve asks for msgTimeoutMs (here 2 s), not the broker's own (60 s): a driver
+    that stops touching (hung, paused) gives its batch back after that long."""
+    client.create_channel("events", "spark")
+    client.multi_publish("events", [b"m"] * 5)
+    keeper = LeaseKeeper(keeper_options(address=broker.address, msgTimeoutMs="2000"))
+    try:
+        keeper._touch_every = 3600            # the driver stops touching (after one more)
+        assert sum(lease["count"] for lease in keeper.reserve(1, 5, 1 << 20).values()) == 5
+        wait_for(lambda: channel_stats(client, "events", "spark").timeout_count == 5, 30,
+                 message="the untouched batch timed out")
     finally:
         keeper.close()
 
