@@ -156,6 +156,29 @@ def test_what_two_empty_brokers_of_three_left_goes_to_the_third_messages_and_byt
             keeper.close()
 
 
+@pytest.mark.parametrize("gives_nothing", ["empty", "down"])
+def test_a_broker_that_gives_nothing_leaves_the_others_their_equal_shares(two, gives_nothing):
+    _, (a, b), _ = two
+    third = EmbeddedBroker().start()
+    try:
+        with Client(third.address) as client_c:
+            client_c.create_channel("events", "spark")
+        keeper = LeaseKeeper(ReaderOptions.parse({
+            "address": f"{a},{b},{third.address}", "topic": "events", "channel": "spark",
+            "timeoutMs": "5000", "failOnDataLoss": "false", "reconnectTimeoutMs": "0"}))
+        try:
+            assert per_broker(keeper.reserve(1, 1, 1 << 20)) == {b: 1}    # b asked first
+            if gives_nothing == "down":
+                third.stop()
+            # Now the third is asked first, then a, then b: shares of 4; the 2 left go to
+            # a, which filled its share.
+            assert per_broker(keeper.reserve(2, 10, 1 << 20)) == {a: 6, b: 4}
+        finally:
+            keeper.close()
+    finally:
+        third.stop()
+
+
 def test_available_now_reads_nothing_from_a_broker_not_there_at_its_start(two):
     keeper, (a, b), _ = two
     keeper.target = {a: 5}            # b joined the fleet after the start
