@@ -167,6 +167,8 @@ class _BrokerSession:
                 if tries >= 2:  # it answers pings, not this call: do not hammer it
                     self._closed.wait(0.2)
                 self._wait_until_it_answers(self.silent_since + window)
+                if self._closed.is_set():  # stopped meanwhile: its client is closed
+                    raise
                 continue
             self.answered()
             return result

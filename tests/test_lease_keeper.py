@@ -86,6 +86,130 @@ def test_available_now_reads_no_more_than_each_broker_held_at_start(two):
     assert keeper.planned(2) is None
 
 
+def test_a_batch_of_as_many_messages_as_brokers_takes_one_from_each(two):
+    keeper, (a, b), _ = two
+    assert per_broker(keeper.reserve(1, 2, 1 << 20)) == {a: 1, b: 1}
+
+
+def test_the_bytes_a_broker_left_go_to_one_that_filled_its_byte_share_exactly(two):
+    keeper, (a, b), (_, client_b) = two
+    client_b.admin("channel", "empty", "events", "spark")
+    client_b.publish("events", b"0123456789")
+    # b (asked first) gives its one body of 10 bytes; a fills its share of 50 exactly and
+    # is asked again for the 40 left.
+    leases = keeper.reserve(1, 1000, 100)
+    assert per_broker(leases) == {a: 9, b: 1}
+
+
+def test_a_broker_that_gave_less_than_its_share_is_not_asked_again_for_that_batch(two):
+    """It had nothing more ready: what is published meanwhile is the next batch's."""
+    keeper, (a, b), (_, client_b) = two
+    client_b.admin("channel", "empty", "events", "spark")
+    client_b.publish("events", b"x")
+    asked = []
+    real = keeper._sessions[b].client.reserve
+    keeper._sessions[b].client.reserve = lambda *args, **kwargs: (
+        asked.append(args[3]), real(*args, **kwargs))[1]
+    leases = keeper.reserve(1, 60, 1 << 20)
+    assert per_broker(leases) == {a: 59, b: 1}
+    assert asked == [30]                  # its share, once
+
+
+def test_a_batch_from_one_broker_is_one_lease_of_the_whole_limit(broker, client):
+    client.create_channel("events", "spark")
+    client.multi_publish("events", [b"0123456789"] * 30)
+    keeper = LeaseKeeper(options(broker.address))
+    try:
+        assert [lease["count"] for lease in keeper.reserve(1, 10, 1 << 20).values()] == [10]
+        assert [lease["count"] for lease in keeper.reserve(2, 1000, 100).values()] == [10]
+    finally:
+        keeper.close()
+
+
+def test_with_three_brokers_the_one_asked_first_turns_through_each_in_order(two):
+    _, (a, b), _ = two
+    with EmbeddedBroker() as third, Client(third.address) as client_c:
+        client_c.create_channel("events", "spark")
+        client_c.multi_publish("events", [b"0123456789"] * 100)
+        keeper = LeaseKeeper(options(a, b, third.address))
+        try:
+            firsts = [next(iter(keeper.reserve(n, 3, 1 << 20).values()))["address"]
+                      for n in (1, 2, 3, 4)]
+            assert firsts == [b, third.address, a, b]
+        finally:
+            keeper.close()
+
+
+def test_what_two_empty_brokers_of_three_left_goes_to_the_third_messages_and_bytes_alike(
+        two):
+    _, (a, b), (client_a, client_b) = two
+    for c in (client_a, client_b):
+        c.admin("channel", "empty", "events", "spark")
+    with EmbeddedBroker() as third, Client(third.address) as client_c:
+        client_c.create_channel("events", "spark")
+        client_c.multi_publish("events", [b"0123456789"] * 100)
+        keeper = LeaseKeeper(options(a, b, third.address))
+        try:
+            assert per_broker(keeper.reserve(1, 30, 1 << 20)) == {third.address: 30}
+            assert per_broker(keeper.reserve(2, 1000, 300)) == {third.address: 30}
+        finally:
+            keeper.close()
+
+
+@pytest.mark.parametrize("gives_nothing", ["empty", "down"])
+def test_a_broker_that_gives_nothing_leaves_the_others_their_equal_shares(two, gives_nothing):
+    _, (a, b), _ = two
+    third = EmbeddedBroker().start()
+    try:
+        with Client(third.address) as client_c:
+            client_c.create_channel("events", "spark")
+        keeper = LeaseKeeper(ReaderOptions.parse({
+            "address": f"{a},{b},{third.address}", "topic": "events", "channel": "spark",
+            "timeoutMs": "5000", "failOnDataLoss": "false", "reconnectTimeoutMs": "0"}))
+        try:
+            assert per_broker(keeper.reserve(1, 1, 1 << 20)) == {b: 1}    # b asked first
+            if gives_nothing == "down":
+                third.stop()
+            # Now the third is asked first, then a, then b: shares of 4; the 2 left go to
+            # a, which filled its share.
+            assert per_broker(keeper.reserve(2, 10, 1 << 20)) == {a: 6, b: 4}
+        finally:
+            keeper.close()
+    finally:
+        third.stop()
+
+
+def test_available_now_reads_nothing_from_a_broker_not_there_at_its_start(two):
+    keeper, (a, b), _ = two
+    keeper.target = {a: 5}            # b joined the fleet after the start
+    assert per_broker(keeper.reserve(1, 1000, 1 << 20)) == {a: 5}
+
+
+def test_a_broker_a_reserve_or_a_create_cannot_reach_is_logged_once_and_the_others_read(
+        broker, client, caplog):
+    import logging
+
+    caplog.set_level(logging.WARNING, "pynsq.spark")
+    client.create_channel("events", "spark")
+    client.multi_publish("events", [b"m"] * 10)
+    with EmbeddedBroker() as other, Client(other.address) as other_client:
+        gone = other.address
+        other_client.create_channel("events", "spark")
+        keeper = LeaseKeeper(ReaderOptions.parse({
+            "address": f"{broker.address},{gone}", "topic": "events", "channel": "spark",
+            "timeoutMs": "5000", "failOnDataLoss": "false", "reconnectTimeoutMs": "0"}))
+    try:
+        assert per_broker(keeper.reserve(1, 10, 1 << 20)) == {broker.address: 10}
+        failed = [m for m in caplog.messages if gone in m]
+        assert len(failed) == 1 and failed[0].startswith(f"pynsq: reserve on {gone} failed: ")
+        keeper.ensure_channel()
+        failed = [m for m in caplog.messages if gone in m][1:]
+        assert len(failed) == 1 and failed[0].startswith(
+            f"pynsq: creating the channel on {gone} failed: ")
+    finally:
+        keeper.close()
+
+
 def test_a_commit_fins_every_batch_up_to_it_and_leaves_later_ones_held(broker, client):
     client.create_channel("events", "spark")
     client.multi_publish("events", [b"m"] * 30)

@@ -268,7 +268,9 @@ def test_the_source_sets_max_attempts_0_on_its_channel_over_the_brokers_default(
             reader.stop()
 
 
-def test_a_reconnect_timeout_of_0_names_a_silent_broker_at_once():
+def test_a_reconnect_timeout_of_0_names_a_silent_broker_at_once(caplog):
+    import logging
+
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
     from spark_connector.session import BrokerUnreachable
@@ -284,11 +286,14 @@ def test_a_reconnect_timeout_of_0_names_a_silent_broker_at_once():
         start = reader.initialOffset()
     finally:
         broker.stop()
+    caplog.set_level(logging.WARNING, "pynsq.spark")
     try:
         with pytest.raises(BrokerUnreachable, match=r"reconnectTimeoutMs \(0 ms\)"):
             reader.latestOffset(start, ReadMaxRows(4))
     finally:
         reader.stop()
+    # Not waited for: 0 is no wait, not "the default wait" (30 s).
+    assert not [r for r in caplog.records if "waiting up to reconnectTimeoutMs" in r.getMessage()]
 
 
 # -- what reaches statsd, the log and the auth server ----------------------------------
