@@ -76,6 +76,16 @@ def test_the_byte_limit_is_shared_like_the_message_limit(two):
     assert per_broker(keeper.reserve(2, 1000, 100)) == {a: 10}
 
 
+def test_over_two_brokers_a_byte_limit_is_passed_by_one_message_per_broker_at_most(two):
+    """docs/spark.md, maxBytesPerTrigger: a batch holds one message at least, and each
+    broker asked for its share gives one at least, so over two brokers of 10-byte
+    messages a batch holds at most the limit plus one message of each."""
+    keeper, _, _ = two
+    for batch, limit in enumerate((1, 5, 10, 15, 25, 59, 95), start=1):
+        held = 10 * sum(lease["count"] for lease in keeper.reserve(batch, 1000, limit).values())
+        assert 10 <= held <= limit + 2 * 10, (limit, held)
+
+
 def test_available_now_reads_no_more_than_each_broker_held_at_start(two):
     keeper, (a, b), (client_a, _) = two
     keeper.target = target = {a: 7, b: 0}
