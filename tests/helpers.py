@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -115,3 +118,28 @@ def one_at_a_time(what: str):
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
+
+@contextmanager
+def json_http_server(answer: Callable[[str, int], object]) -> Iterator[str]:
+    """An HTTP server on loopback answering every GET with ``answer(path, its own port)``
+    as JSON (an nsqlookupd, or a broker's ``/info``, that the test writes); yields its
+    ``host:port`` and stops it after."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps(answer(self.path, self.server.server_address[1])).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -28,7 +28,7 @@ from spark_connector.writer import (PynsqBatchWriter, PynsqStreamWriter, pub_to_
                                     publish_partition)
 
 from .grpckit import channel_stats
-from .helpers import free_port, wait_for
+from .helpers import free_port, json_http_server, wait_for
 
 
 def reader_of(address: str, **options: str) -> PynsqStreamReader:
@@ -450,32 +450,14 @@ def test_a_trigger_fins_the_committed_batch_then_reserves_in_one_call_per_broker
 
 def test_a_listed_broker_that_does_not_answer_info_is_left_out_and_logged(caplog):
     """nsqlookupd lists a broker whose HTTP port is gone (it stopped since it registered)."""
-    import json
     import logging
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     gone = free_port()
-
-    class Listing(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = json.dumps({"producers": [{"broadcast_address": "127.0.0.1",
-                                              "http_port": gone, "tcp_port": 4150}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
+    listing = {"producers": [{"broadcast_address": "127.0.0.1", "http_port": gone,
+                              "tcp_port": 4150}]}
     caplog.set_level(logging.WARNING, "pynsq.discovery")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Listing)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        assert discover(["127.0.0.1:%d" % server.server_address[1]], "events", 2) == []
-    finally:
-        server.shutdown()
-        server.server_close()
+    with json_http_server(lambda path, port: listing) as lookupd:
+        assert discover([lookupd], "events", 2) == []
     [warning] = [r.getMessage() for r in caplog.records if r.name == "pynsq.discovery"]
     assert warning.startswith(f"broker 127.0.0.1:{gone} listed by nsqlookupd did not answer "
                               f"/info: ") and "refused" in warning.lower()

@@ -8,10 +8,8 @@ calls it, without Spark; real brokers on loopback."""
 
 from __future__ import annotations
 
-import json
 import re
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -21,7 +19,7 @@ from spark_connector.session import BrokerUnreachable, LeaseKeeper
 
 from .faultproxy import FaultProxy
 from .grpckit import channel_stats
-from .helpers import free_port, wait_for
+from .helpers import free_port, json_http_server, wait_for
 from .securitykit import make_certs
 
 
@@ -68,28 +66,13 @@ def lookupd_listing_a_dead_broker():
     ``/info`` naming a gRPC address where nobody listens. Returns (lookupd, gRPC address)."""
     dead = f"127.0.0.1:{free_port()}"
 
-    class Lookupd(BaseHTTPRequestHandler):
-        def do_GET(self):
-            port = self.server.server_address[1]
-            answer = ({"grpc_address": dead} if self.path.startswith("/info") else
-                      {"producers": [{"broadcast_address": "127.0.0.1", "http_port": port,
-                                      "tcp_port": 4150}]})
-            body = json.dumps(answer).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def answer(path: str, port: int) -> dict:
+        return ({"grpc_address": dead} if path.startswith("/info") else
+                {"producers": [{"broadcast_address": "127.0.0.1", "http_port": port,
+                                "tcp_port": 4150}]})
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Lookupd)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}", dead
-    finally:
-        server.shutdown()
-        server.server_close()
+    with json_http_server(answer) as lookupd:
+        yield lookupd, dead
 
 
 def test_a_broker_listed_by_nsqlookupd_not_answering_is_named_by_option_lookupd_http_address(
