@@ -939,19 +939,23 @@ def test_a_log_checked_by_either_crc32_recovers_and_reads_back_under_the_other(
     assert [m.attempts for m in consumer.received] == [2, 2] + [1] * 6
 
 
-def test_fins_of_messages_in_several_files_release_each_file_only_for_its_own(tmp_path):
+@pytest.mark.parametrize("count", [40, 200])  # files a FIN looks at, and more (FEW_SEGMENTS)
+def test_fins_of_messages_in_several_files_release_each_file_only_for_its_own(tmp_path, count):
     """One channel FINs messages written over several files while another still needs
     all of them: every file stays (synced, deletions done) and the other channel gets
     every message after a restart; the FINed ones never come back."""
+    from broker.storage.segments import FEW_SEGMENTS
+
     clock = ManualClock()
     broker = start(tmp_path, clock, max_bytes_per_file=1024)
     broker.create_channel("events", "done")
     broker.create_channel("events", "later")
-    ids = [broker.publish("events", b"%03d" % i + b"x" * 60) for i in range(40)]
-    assert len(broker.storage.logs["events"].segment_numbers()) > 2
+    ids = [broker.publish("events", b"%03d" % i + b"x" * 60) for i in range(count)]
+    files = len(broker.storage.logs["events"].segment_numbers())
+    assert 2 < files <= FEW_SEGMENTS if count == 40 else files > FEW_SEGMENTS
     consumer = Recorder(broker)
     ch = broker.subscribe(consumer, "events", "done")
-    ch.set_rdy(consumer, 100)
+    ch.set_rdy(consumer, count)
     assert [m.id for m in consumer.received] == ids
     ch.finish_many(consumer, ids[:3])       # in the oldest file
     ch.finish_many(consumer, ids[3:30])     # from it into the next ones
@@ -961,4 +965,4 @@ def test_fins_of_messages_in_several_files_release_each_file_only_for_its_own(tm
     broker = start(tmp_path, clock, max_bytes_per_file=1024)
     assert drain(broker, "events", "done") == {}
     assert sorted(drain(broker, "events", "later").values()) == [
-        b"%03d" % i + b"x" * 60 for i in range(40)]
+        b"%03d" % i + b"x" * 60 for i in range(count)]

@@ -33,6 +33,8 @@ from .checksum import crc32
 from .records import EXPIRES
 
 log = logging.getLogger("pynsqd")
+# Segments tracked up to which a FIN looks for the oldest holding messages (``oldest_holder``).
+FEW_SEGMENTS = 8
 
 # A pending message on disk: (segment << OFFSET_BITS) | offset of its record (of a BATCH's
 # message: the batch's offset plus the message's index in it).
@@ -300,10 +302,15 @@ class TopicLog:
                 raise _WouldWait  # the thread reads it (and tells damage from a miss)
         return block
 
-    def holders(self) -> list[int]:
-        """The segments holding pending messages, oldest first: each message pending is in
-        one of them (so one being FINed is in the first or a later one)."""
-        return sorted(seg for seg, count in self.refs.items() if count > 0)
+    def oldest_holder(self) -> tuple[int, bool] | None:
+        """The oldest segment holding pending messages (each message pending is in it or a
+        later one), and whether it alone holds any; None when none does, or when more than
+        ``FEW_SEGMENTS`` are tracked (a long backlog's: looking at each would cost a FIN
+        more than comparing its messages' locations)."""
+        if len(self.refs) > FEW_SEGMENTS:
+            return None
+        held = [seg for seg, count in self.refs.items() if count > 0]
+        return (min(held), len(held) == 1) if held else None
 
     def hold(self, seg: int, count: int = 1) -> None:
         self.refs[seg] = self.refs.get(seg, 0) + count

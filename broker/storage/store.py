@@ -549,9 +549,9 @@ class DiskStore(Store):
         # its oldest file), they all are in the oldest when the largest location is
         # (comparing the locations, two-digit numbers, is a third of what storage does for
         # a FIN).
-        held = topic_log.holders()
-        if held and (len(held) == 1 or max(locs) >> OFFSET_BITS == held[0]):
-            topic_log.release(held[0], len(locs))
+        holder = topic_log.oldest_holder()
+        if holder is not None and (holder[1] or max(locs) >> OFFSET_BITS == holder[0]):
+            topic_log.release(holder[0], len(locs))
             return
         first, last = min(locs) >> OFFSET_BITS, max(locs) >> OFFSET_BITS
         if first == last:
