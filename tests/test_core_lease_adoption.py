@@ -130,22 +130,32 @@ def test_the_lease_journal_keeps_only_live_leases(tmp_path):
     assert journal.load() == [] and journal.path.stat().st_size == records.PROLOGUE_SIZE
 
 
+def _a_lease_then_a_crash(tmp_path, clock, bodies: list[bytes]):
+    """A durable broker on ``tmp_path`` (its lease journal restored) whose channel
+    ``events/spark`` gets ``bodies``, all taken in one lease; then killed. The lease."""
+    from broker.lease import LeaseJournal
+    from .test_storage_recovery import crash, start
+
+    broker = start(tmp_path, clock)
+    broker.restore_leases(LeaseJournal(tmp_path / "leases.journal"))
+    broker.create_channel("events", "spark")
+    broker.multi_publish("events", bodies)
+    session = broker.open_lease_session("driver")
+    lease, _ = broker.reserve(session.session_id, "events", "spark", len(bodies), 5000)
+    crash(broker)
+    broker.lease_journal.close()
+    return lease
+
+
 def test_a_lease_kept_across_a_restart_and_then_finished_is_gone_from_the_journal(tmp_path):
     # The start rewrites the journal with the leases it keeps; the FIN of the last one must
     # still cut it, or the next start brings the finished lease back.
     from broker.clock import ManualClock
     from broker.lease import LeaseJournal
-    from .test_storage_recovery import crash, start
+    from .test_storage_recovery import start
 
     clock = ManualClock()
-    broker = start(tmp_path, clock)
-    broker.restore_leases(LeaseJournal(tmp_path / "leases.journal"))
-    broker.create_channel("events", "spark")
-    broker.multi_publish("events", [b"a", b"b"])
-    session = broker.open_lease_session("driver")
-    lease, _ = broker.reserve(session.session_id, "events", "spark", 2, 5000)
-    crash(broker)
-    broker.lease_journal.close()
+    lease = _a_lease_then_a_crash(tmp_path, clock, [b"a", b"b"])
 
     broker = start(tmp_path, clock)
     journal = LeaseJournal(tmp_path / "leases.journal")
@@ -164,14 +174,7 @@ def test_a_lease_whose_messages_a_later_lease_took_is_not_kept_in_the_journal_by
     from .test_storage_recovery import crash, start
 
     clock = ManualClock()
-    broker = start(tmp_path, clock)
-    broker.restore_leases(LeaseJournal(tmp_path / "leases.journal"))
-    broker.create_channel("events", "spark")
-    broker.multi_publish("events", [b"a"])
-    session = broker.open_lease_session("driver")
-    first, _ = broker.reserve(session.session_id, "events", "spark", 1, 5000)
-    crash(broker)
-    broker.lease_journal.close()
+    first = _a_lease_then_a_crash(tmp_path, clock, [b"a"])
 
     broker = start(tmp_path, clock)
     assert broker.restore_leases(LeaseJournal(tmp_path / "leases.journal")) == 1
