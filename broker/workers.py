@@ -68,6 +68,8 @@ class Plan:
     shared: dict[str, str]                 # kind -> host:port every worker listens on too
     own: list[dict[str, str]]              # per worker: kind -> its own host:port
     node_ids: list[int]
+    # A socket bound to each port above, held for the supervisor's life (``release``).
+    held: tuple[socket.socket, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     def worker_options(self, index: int) -> Options:
         o = self.options
@@ -83,6 +85,11 @@ class Plan:
         return {"index": index, "options": dataclasses.asdict(self.worker_options(index)),
                 "shared": self.shared, "workers": self.own}
 
+    def release(self) -> None:
+        """Let the planned ports go (the supervisor is ending)."""
+        for s in self.held:
+            s.close()
+
 
 def _split(address: str, kind: str) -> tuple[str, int]:
     """host:port, port 0 allowed (one picked once for every worker to share)."""
@@ -92,47 +99,70 @@ def _split(address: str, kind: str) -> tuple[str, int]:
     return split_host_port(address, f"{kind}-address")
 
 
-def reserve_port(host: str, port: int = 0) -> int:
-    """Bind ``host:port`` alone (no ``SO_REUSEPORT``) and let it go: the port is free,
-    including of other processes sharing it (port 0: one the OS picks)."""
+def hold_port(host: str, port: int = 0) -> socket.socket:
+    """A socket bound to ``host:port`` (port 0: one the OS picks), not listening.
+
+    Bound with ``SO_REUSEADDR`` alone, it fails where anything listens on the port
+    (``SO_REUSEPORT`` sharers included), and, held, it keeps the port from everyone
+    else: the OS gives it to no other bind of port 0 nor to any outgoing connection,
+    and a bind without ``SO_REUSEADDR`` is refused. A worker binds and listens on it
+    all the same (Linux lets a socket with ``SO_REUSEADDR`` share a port with others
+    that have it and do not listen; asyncio's and gRPC's listeners set it), at its
+    start and at every restart."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind((host, port))
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
+def reserve_port(host: str, port: int = 0) -> int:
+    """Bind ``host:port`` as ``hold_port`` does and let it go: the port is free,
+    including of other processes sharing it (port 0: one the OS picks)."""
+    with hold_port(host, port) as s:
         return s.getsockname()[1]
 
 
 def plan_workers(options: Options) -> Plan:
     """The shared addresses (a port 0 resolved once, for every worker to share) and
-    each worker's own ports, picked now and kept across its restarts. A shared port
-    something already listens on is an error naming it."""
+    each worker's own ports, picked now and kept across its restarts. Each port is
+    held (``hold_port``) until ``Plan.release``, so no other process can take it while
+    a worker starts or restarts. A shared port something already listens on is an
+    error naming it."""
     given = {"grpc": options.grpc_address, "tcp": options.tcp_address,
              "http": options.http_address, "https": options.https_address}
     shared: dict[str, str] = {}
-    for kind in KINDS:
-        address = given[kind].strip()
-        if not address:
-            continue
-        host, port = _split(address, kind)
-        try:
-            port = reserve_port(host, port)
-        except OSError as err:
-            raise OSError(f"cannot listen on {address} ({kind}): {err.strerror}") from None
-        shared[kind] = _join(host, port)
-    # Each port is let go as soon as it is picked, so the OS may offer the same one
-    # twice: a port already planned is picked again (two workers on one port: one fails).
-    taken = {int(address.rsplit(":", 1)[1]) for address in shared.values()}
+    held: list[socket.socket] = []
 
-    def unplanned(host: str) -> int:
-        while (port := reserve_port(host)) in taken:
-            pass
-        taken.add(port)
-        return port
+    def hold(host: str, port: int = 0) -> int:
+        held.append(hold_port(host, port))
+        return held[-1].getsockname()[1]
 
-    own = [{kind: _join(_host(shared[kind]), unplanned(_host(shared[kind]))) for kind in shared}
-           for _ in range(options.workers)]
+    try:
+        for kind in KINDS:
+            address = given[kind].strip()
+            if not address:
+                continue
+            host, port = _split(address, kind)
+            try:
+                port = hold(host, port)
+            except OSError as err:
+                raise OSError(f"cannot listen on {address} ({kind}): {err.strerror}") from None
+            shared[kind] = _join(host, port)
+        # A port held is not offered again, so every port below is another.
+        own = [{kind: _join(_host(shared[kind]), hold(_host(shared[kind]))) for kind in shared}
+               for _ in range(options.workers)]
+    except BaseException:
+        for s in held:
+            s.close()
+        raise
     base = options.node_id_for(shared["grpc"])
-    return Plan(options, shared, own, [(base + i) % 1024 for i in range(options.workers)])
+    return Plan(options, shared, own, [(base + i) % 1024 for i in range(options.workers)],
+                tuple(held))
 
 
 def _host(address: str) -> str:
@@ -341,7 +371,13 @@ def describe(supervisor: Supervisor) -> list[str]:
 async def supervise(options: Options) -> int:
     """Run ``options.workers`` workers until SIGTERM or SIGINT. The exit code."""
     plan = plan_workers(options)
-    supervisor = Supervisor(plan)
+    try:
+        return await _supervise(Supervisor(plan))
+    finally:
+        plan.release()
+
+
+async def _supervise(supervisor: Supervisor) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -3,13 +3,16 @@ clients (through the real nsqlookupd), the ``pynsq`` CLI and the Spark writer.""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -268,6 +271,39 @@ def test_a_worker_killed_with_sigkill_is_restarted_and_its_unfinished_messages_c
     assert supervisor.stop() == 0
 
 
+def test_a_dead_workers_own_ports_are_kept_for_it_until_it_serves_again(supervisor):
+    """Between a worker's death and its restart its own ports are the supervisor's:
+    another process binding one is refused, and the worker comes back on each."""
+    own = supervisor.workers[0]
+    pid = supervisor.pid("worker-0")
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: gone(pid), 30, message="worker-0 to end")
+    # Its sockets close a few ms after it ends; a squatter keeps trying for a while
+    # (unheld, each port was taken within 20 ms, long before the worker came back).
+    taken = []
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline and not taken:
+        for kind in ("grpc", "tcp", "http"):
+            host, _, port = own[kind].rpartition(":")
+            squatter = socket.socket()
+            try:
+                squatter.bind((host, int(port)))
+            except OSError as refused:
+                assert refused.errno == errno.EADDRINUSE, kind
+                squatter.close()
+            else:
+                taken.append((kind, squatter))
+    for _, squatter in taken:
+        squatter.close()
+    assert not taken, f"another process took worker-0's {[kind for kind, _ in taken]} port"
+    wait_for(lambda: supervisor.pid("worker-0") != pid, 30,
+             message="the supervisor to start worker-0 again")
+    assert supervisor.workers[0] == own
+    with Client(own["grpc"], timeout=10) as client:
+        client.publish("back", b"x")
+    assert supervisor.stop() == 0
+
+
 def test_sigterm_stops_every_worker_cleanly_and_a_restart_loses_nothing(tmp_path, lookupd):
     sup = Supervisor(tmp_path / "data", lookupd).wait_ready()
     pids = [sup.pid("worker-0"), sup.pid("worker-1")]
@@ -346,8 +382,6 @@ class Daemonless:
     """A socket listening on a free loopback port, as another program would."""
 
     def __enter__(self) -> "Daemonless":
-        import socket
-
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen()
@@ -452,15 +486,30 @@ def test_a_spark_relay_through_the_workers_publishes_each_message_once_across_a_
     assert sorted(bodies) == sorted(f"msg-{i}-{n}" for i in range(2) for n in range(150))
 
 
-def test_no_two_workers_are_planned_on_one_port_even_when_the_os_offers_one_twice(monkeypatch):
-    """Each port is let go as soon as it is picked, so the OS may offer it again; the
-    plan must pick once more, not give two workers one port (one would fail at start)."""
-    from broker import Options, workers
+def test_the_planned_ports_are_held_from_every_other_process_until_the_plan_is_released():
+    """Each port planned (shared and each worker's own) is held from the plan until the
+    supervisor ends: no other bind gets it, so no worker, at its start or at a restart,
+    finds its port taken; and no port is planned twice."""
+    from broker import workers
 
-    offered = iter([4170, 4150, 4151, 40001, 40001, 40002, 40003, 40003, 40001, 40004,
-                    40005, 40006])
-    monkeypatch.setattr(workers, "reserve_port", lambda host, port=0: port or next(offered))
-    plan = workers.plan_workers(Options(workers=2))
-    ports = [int(a.rsplit(":", 1)[1]) for own in plan.own for a in own.values()]
-    assert len(set(ports)) == len(ports) == 6
-    assert not set(ports) & {4170, 4150, 4151}
+    plan = workers.plan_workers(Options(workers=3, grpc_address="127.0.0.1:0",
+                                        tcp_address="127.0.0.1:0",
+                                        http_address="127.0.0.1:0"))
+    try:
+        ports = [int(a.rsplit(":", 1)[1])
+                 for a in [*plan.shared.values(), *(a for own in plan.own for a in own.values())]]
+        assert len(set(ports)) == len(ports) == 12
+        for port in ports:
+            with socket.socket() as other, pytest.raises(OSError) as refused:
+                other.bind(("127.0.0.1", port))
+            assert refused.value.errno == errno.EADDRINUSE
+        offered = set()
+        for _ in range(2000):          # the OS offers none of them to a bind of port 0
+            with socket.socket() as other:
+                other.bind(("127.0.0.1", 0))
+                offered.add(other.getsockname()[1])
+        assert not offered & set(ports)
+    finally:
+        plan.release()
+    for port in ports:
+        reserve_port("127.0.0.1", port)
