@@ -348,7 +348,7 @@ def collect(sizes: dict, with_spark: bool = True) -> Iterator[dict]:
     stage("NSQ's bench_writer and bench_reader against nsqd and pynsqd")
     yield from nsq_rows(sizes)
     stage("one pynsqd against pynsqd --workers N")
-    yield from workers_bench.rows(row, sizes["nsq_runfor"])
+    yield from workers_bench.rows(row, sizes["nsq_runfor"], sizes["nsq_rounds"])
     stage("scaling with channels, topics and consumers")
     yield from scaling_rows(sizes)
     stage("many consumers and idle consumers, pynsqd against nsqd")

@@ -13,6 +13,13 @@ What the figures say for a bigger host: each worker is a whole broker with its o
 event loop, so its CPU per message does not grow with N, and a host whose clients run
 elsewhere serves about ``cores ÷ CPU per message``. On a 2-core machine the bench tools
 share the two cores with the workers, so N = 2 shows less than that ceiling.
+The live shape (``together``): the channel created on each worker, then on each worker
+one ``bench_writer`` and one ``bench_reader`` at once, each with ``GOMAXPROCS=1`` (one
+connection each: one writer and one reader per worker, the connections ``nsq_bench``'s
+``together`` shape makes to nsqd: a writer and a reader of two each), against nsqd holding
+everything in memory under those two tools, in rounds, the setups in turn; judged by the
+worst round, as the one-process rows of that shape are.
+
 NSQ's binaries are looked for as ``nsq_bench.py`` does; without them this skips.
 """
 
@@ -29,10 +36,12 @@ from pathlib import Path
 
 try:
     from .common import cpu_seconds, free_port, start_pynsqd, stop, wait_listening
-    from .nsq_bench import BATCH, DURATION, OPS, SIZE, halved, nsq_bin, seconds
+    from .nsq_bench import (BATCH, DURATION, OPS, SIZE, create_channel, halved, nsq_bin,
+                            run_nsqd, seconds)
 except ImportError:  # run as a script
     from common import cpu_seconds, free_port, start_pynsqd, stop, wait_listening
-    from nsq_bench import BATCH, DURATION, OPS, SIZE, halved, nsq_bin, seconds
+    from nsq_bench import (BATCH, DURATION, OPS, SIZE, create_channel, halved, nsq_bin,
+                           run_nsqd, seconds)
 
 MODEL_CORES = 16
 
@@ -112,6 +121,84 @@ def measure(folder: Path, runfor: str, workers: int, tools: int, durable: bool =
             "read_cpu_us_per_msg": round(read_cpu, 2)}
 
 
+def write_and_read_together(folder: Path, targets: list[str], runfor: str, topic: str,
+                            pids: list[int]) -> dict:
+    """On each of ``targets`` one ``bench_writer`` and one ``bench_reader`` at once (one
+    connection each); the rates summed, the brokers' CPU per message written."""
+    env = {**os.environ, "GOMAXPROCS": "1"}
+    cpu0 = broker_cpu(pids)
+    procs = [(tool, subprocess.Popen(
+        [str(folder / tool), "--nsqd-tcp-address", target, "--runfor", runfor,
+         "--size", str(SIZE), "--topic", topic,
+         *(["--batch-size", str(BATCH)] if tool == "bench_writer" else [])],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+        for target in targets for tool in ("bench_writer", "bench_reader")]
+    outputs = [(tool, p.communicate(timeout=600)[0]) for tool, p in procs]
+    cpu = broker_cpu(pids) - cpu0
+    rates = {"bench_writer": 0.0, "bench_reader": 0.0}
+    written = 0.0
+    for tool, text in outputs:
+        found, took = OPS.findall(text), DURATION.findall(text)
+        if not found or not took:
+            raise RuntimeError(f"{tool} printed no rate: {text}")
+        rates[tool] += float(found[-1])
+        if tool == "bench_writer":
+            written += float(found[-1]) * seconds(took[-1])
+    cpu_us = round(cpu / written * 1e6, 2) if written else 0.0
+    return {"write_msgs_per_s": round(rates["bench_writer"]),
+            "read_msgs_per_s": round(rates["bench_reader"]),
+            "write_cpu_us_per_msg": cpu_us, "read_cpu_us_per_msg": cpu_us}
+
+
+def together(folder: Path, runfor: str, workers: int, durable: bool) -> dict:
+    """``pynsqd --workers N`` in the live shape (the module's doc)."""
+    tcp, http = free_port(), free_port()
+    with tempfile.TemporaryDirectory(prefix="pynsqd-workers-bench-") as data:
+        proc, _ = start_pynsqd("--tcp-address", f"127.0.0.1:{tcp}",
+                               "--http-address", f"127.0.0.1:{http}",
+                               *(["--data-path", data] if durable else []),
+                               "--workers", str(workers))
+        try:
+            own = wait_for_workers(http, workers)
+            topic = f"workers_together_{tcp}"
+            for address in own:
+                create_channel(int(address.rpartition(":")[2]), topic)
+            return write_and_read_together(folder, own, runfor, topic,
+                                           [proc.pid, *children(proc.pid)])
+        finally:
+            stop(proc)
+
+
+# The live shape's setups: (key, pynsqd --workers durable?) each against nsqd in memory.
+TOGETHER = {"durable": True, "memory_only": False}
+
+
+def run_together(folder: Path, runfor: str, workers: int, rounds: int) -> dict:
+    """Rounds of nsqd in memory, then each of ``TOGETHER``, in the live shape; each
+    round's ratios (write and read), their worst, and the median figures."""
+    by_round = []
+    for _ in range(rounds):
+        one = {"nsqd_memory": run_nsqd(folder, runfor, 1_000_000, shape="together")}
+        for key, durable in TOGETHER.items():
+            one[key] = together(folder, runfor, workers, durable)
+        one["ratios"] = {key: {kind: round(one[key][f"{kind}_msgs_per_s"]
+                                           / one["nsqd_memory"][f"{kind}_msgs_per_s"], 3)
+                               for kind in ("write", "read")} for key in TOGETHER}
+        by_round.append(one)
+
+    def median(key: str, field: str) -> float:
+        values = sorted(r[key][field] for r in by_round)
+        return values[len(values) // 2]
+
+    fields = ("write_msgs_per_s", "read_msgs_per_s", "write_cpu_us_per_msg",
+              "read_cpu_us_per_msg")
+    return {"rounds": by_round,
+            "median": {key: {f: median(key, f) for f in fields}
+                       for key in ("nsqd_memory", *TOGETHER)},
+            "worst": {key: {kind: min(r["ratios"][key][kind] for r in by_round)
+                            for kind in ("write", "read")} for key in TOGETHER}}
+
+
 def wait_for_workers(http: int, workers: int, timeout: float = 60.0) -> list[str]:
     """Each worker's own TCP address, once the shared HTTP port lists them all and each
     answers."""
@@ -131,7 +218,7 @@ def wait_for_workers(http: int, workers: int, timeout: float = 60.0) -> list[str
 
 
 def run(runfor: str = "5s", workers: int | None = None,
-        explicit_bin: str | None = None) -> dict:
+        explicit_bin: str | None = None, rounds: int = 1) -> dict:
     folder = nsq_bin(explicit_bin)
     if folder is None:
         return {"skipped": "NSQ's binaries (bench_writer, bench_reader) were not found: "
@@ -141,16 +228,19 @@ def run(runfor: str = "5s", workers: int | None = None,
     one, many = measure(folder, runfor, 1, tools=n), measure(folder, runfor, n, tools=n)
     model = {kind: round(MODEL_CORES * 1e6 / many[f"{kind}_cpu_us_per_msg"])
              if many[f"{kind}_cpu_us_per_msg"] else None for kind in ("write", "read")}
+    live = run_together(folder, runfor, n, rounds) if n > 1 else None
     return {"runfor": runfor, "cores": cores(), "workers": n, "one": one, "many": many,
+            "together": live,
             "write_ratio": round(many["write_msgs_per_s"] / one["write_msgs_per_s"], 3),
             "read_ratio": round(many["read_msgs_per_s"] / one["read_msgs_per_s"], 3),
             f"model_{MODEL_CORES}_cores_msgs_per_s": model}
 
 
-def rows(row, runfor: str) -> list[dict]:
+def rows(row, runfor: str, rounds: int = 1) -> list[dict]:
     """``make bench`` rows: N workers ÷ one pynsqd, write and read, CPU per message, and
-    what the measured CPU per message predicts for a 16-core host."""
-    r = run(runfor)
+    what the measured CPU per message predicts for a 16-core host; then N workers in the
+    live shape ÷ nsqd in memory, durable and memory only, judged by the worst round."""
+    r = run(runfor, rounds=rounds)
     if "skipped" in r:
         print(f"workers: skipped ({r['skipped']})")
         return []
@@ -160,12 +250,28 @@ def rows(row, runfor: str) -> list[dict]:
         print("workers: skipped (one core: nothing to spread over)")
         return []
     tools = {"write": "bench_writer", "read": "bench_reader"}
-    return [row(f"workers: {tools[kind]} x{n} (÷ 1 pynsqd)", many[f"{kind}_msgs_per_s"],
-                "msgs/s", one[f"{kind}_msgs_per_s"],
-                f"ratio -> {n} on {r['cores']} cores (clients share them); CPU us/msg "
-                f"{many[f'{kind}_cpu_us_per_msg']:.2f} vs {one[f'{kind}_cpu_us_per_msg']:.2f}; "
-                f"{MODEL_CORES} cores: ~{model[kind] or 0:,} msgs/s")
-            for kind in ("write", "read")]
+    out = [row(f"workers: {tools[kind]} x{n} (÷ 1 pynsqd)", many[f"{kind}_msgs_per_s"],
+               "msgs/s", one[f"{kind}_msgs_per_s"],
+               f"ratio -> {n} on {r['cores']} cores (clients share them); CPU us/msg "
+               f"{many[f'{kind}_cpu_us_per_msg']:.2f} vs {one[f'{kind}_cpu_us_per_msg']:.2f}; "
+               f"{MODEL_CORES} cores: ~{model[kind] or 0:,} msgs/s")
+           for kind in ("write", "read")]
+    live = r["together"]
+    setups = {"durable": "durable", "memory_only": "memory-only"}
+    for key, label in setups.items():
+        for kind in ("write", "read"):
+            rounds_ = ", ".join(f"{x['ratios'][key][kind]:.2f}" for x in live["rounds"])
+            ours, theirs = live["median"][key], live["median"]["nsqd_memory"]
+            out.append(row(
+                f"workers x{n}, write+read together: {tools[kind]} pynsqd {label} "
+                f"÷ nsqd in memory", ours[f"{kind}_msgs_per_s"], "msgs/s",
+                theirs[f"{kind}_msgs_per_s"],
+                f"ratio >= 1.0 in every round (worst of {len(live['rounds'])}; rounds "
+                f"{rounds_}); a writer and a reader on each worker; CPU us/msg "
+                f"{ours[f'{kind}_cpu_us_per_msg']:.2f} (all workers) vs "
+                f"{theirs[f'{kind}_cpu_us_per_msg']:.2f}",
+                ratio=live["worst"][key][kind]))
+    return out
 
 
 def main() -> None:
