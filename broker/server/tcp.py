@@ -239,7 +239,11 @@ class V2Connection(asyncio.Protocol):
             # was read, without the buffer (as ``_process`` would).
             ids, end = wire.read_fins(data, 0)
             if end == len(data):
-                self._fin_many(ids)
+                # (``_fin_many``, inline: a consumer's every read)
+                consumer = self.consumer
+                failures = consumer.channel.finish_many(consumer, ids)
+                if failures:
+                    self._fin_failed(failures)
                 return
         self.buf += data
         self._process(final=False)
@@ -630,7 +634,10 @@ class V2Connection(asyncio.Protocol):
         """FIN lines read at once (see ``wire.read_fins``): each failure gets its
         error, in order, as the same FINs read one by one would."""
         consumer = self.consumer   # a subscribed state's: it has a channel
-        for err in consumer.channel.finish_many(consumer, ids):
+        self._fin_failed(consumer.channel.finish_many(consumer, ids))
+
+    def _fin_failed(self, failures: list[BrokerError]) -> None:
+        for err in failures:
             self._error(err)
 
     def _req(self, params: list[bytes], pos: int) -> int:
