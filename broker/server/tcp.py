@@ -337,12 +337,16 @@ class V2Connection(asyncio.Protocol):
     def _on_messages(self, msgs: "list[Message] | tuple[Message, ...]") -> None:
         # The frames' parts go out as they are: joined once per write, not per message.
         self.out_bytes += wire.add_message_frames(self.out, msgs)
-        # (``_queued``, inline: a consumer is handed messages once per event of its own)
+        # (``_queued`` and ``flush_soon``, inline: a consumer is handed messages once per
+        # event of its own)
         if self.out_bytes >= self.output_buffer_size:
             self._write_out()
         elif not self.flush_scheduled:
             self.flush_scheduled = True
-            self.server.flush_soon(self)
+            unflushed = self.server.unflushed
+            if not unflushed:
+                self.loop.call_soon(self.server.flush_all)
+            unflushed.append(self)
 
     def _set_buffer_limits(self) -> None:
         if self.transport is not None:
@@ -821,16 +825,16 @@ class TcpServer:
         # Connections whose output waits for this pass of the event loop to end: one
         # callback writes them all (a thousand consumers, each FINed and refilled in one
         # pass, are a thousand writes, not a thousand callbacks as well).
-        self._unflushed: list[V2Connection] = []
+        self.unflushed: list[V2Connection] = []
 
     def flush_soon(self, conn: V2Connection) -> None:
         """Write ``conn``'s output once this pass of the event loop ends."""
-        if not self._unflushed:
-            conn.loop.call_soon(self._flush_all)
-        self._unflushed.append(conn)
+        if not self.unflushed:
+            conn.loop.call_soon(self.flush_all)
+        self.unflushed.append(conn)
 
-    def _flush_all(self) -> None:
-        conns, self._unflushed = self._unflushed, []
+    def flush_all(self) -> None:
+        conns, self.unflushed = self.unflushed, []
         for conn in conns:
             if conn.flush_scheduled:   # (not written meanwhile, by a close say)
                 try:
