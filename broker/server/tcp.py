@@ -337,9 +337,15 @@ class V2Connection(asyncio.Protocol):
     def _on_messages(self, msgs: "list[Message] | tuple[Message, ...]") -> None:
         # The frames' parts go out as they are: joined once per write, not per message.
         self.out_bytes += wire.add_message_frames(self.out, msgs)
+        # Written at once, too, when the consumer has all its RDY allows (as nsqd flushes
+        # a client whose RDY is used up): nothing more can come to it before it answers,
+        # so waiting for the pass to end would only add a callback's work to each write
+        # (a thousand consumers at RDY 2: one for every two messages).
+        consumer = self.consumer
         # (``_queued`` and ``flush_soon``, inline: a consumer is handed messages once per
         # event of its own)
-        if self.out_bytes >= self.output_buffer_size:
+        if self.out_bytes >= self.output_buffer_size \
+                or consumer.rdy <= len(consumer.in_flight):
             self._write_out()
         elif not self.flush_scheduled:
             self.flush_scheduled = True
