@@ -16,7 +16,8 @@ client closes its side mid-command, it gets the error nsqd gives for the
 truncation.
 
 Output is written once per event-loop pass, or at once when it fills the
-client's ``output_buffer_size`` (as nsqd's buffered writer does). The channel
+client's ``output_buffer_size`` (as nsqd's buffered writer does) or hands a
+consumer all its RDY allows (as nsqd flushes a client whose RDY is used up). The channel
 hands a consumer its messages in batches of up to ``BATCH_BYTES`` of bodies (or
 the output buffer size, if larger), framed together and written at once. Backpressure:
 a consumer whose socket stops taking data (its unsent output passes
