@@ -578,10 +578,10 @@ class Channel:
                ) -> list[tuple[Consumer, list[Message]]]:
         """Deal ``msgs`` (no more than the consumers' rooms hold in all) to ``open_``
         (each consumer with room and its room, in round-robin order; ``least``: the
-        least room among them) in turns: on its
-        turn a consumer takes the next ``TURN`` messages, fewer if its room or the
-        messages run out, and turns go round until the messages are dealt. Each consumer
-        with its batch, in the order they were served."""
+        least room among them) in turns: on its turn a consumer takes the next ``TURN``
+        messages, fewer if its room or the messages run out, and turns go round until
+        the messages are dealt. Each consumer with its batch, in the order they were
+        served."""
         k, count = len(open_), len(msgs)
         if k == 1:
             self._last_served = self._seat[open_[0][0]]
