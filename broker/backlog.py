@@ -141,7 +141,9 @@ class Backlog:
         self._fetch = fetch
         self._wake = wake
         self._items: deque[Entry] = deque()
-        self._len = 0
+        # How many wait, in memory and on disk (``len``): an attribute the channel reads
+        # at every FIN, where ``__len__`` and ``__bool__`` would each be a Python call.
+        self.count = 0
         self._in_memory = 0
         self._ahead: OnDisk | None = None    # the run read ahead last
         # A read from disk failed for now: nothing more is read from disk until whoever
@@ -149,10 +151,10 @@ class Backlog:
         self.stalled = False
 
     def __len__(self) -> int:
-        return self._len
+        return self.count
 
     def __bool__(self) -> bool:
-        return self._len > 0
+        return self.count > 0
 
     @property
     def in_memory(self) -> int:
@@ -174,7 +176,7 @@ class Backlog:
             self._in_memory += 1
         else:
             self._spill(msg.loc, msg.attempts)
-        self._len += 1
+        self.count += 1
 
     def extend(self, msgs: Iterable[Message]) -> None:
         """``append`` each, in bulk: what fits under the limit goes in memory, the rest
@@ -186,7 +188,7 @@ class Backlog:
         if room:
             self._items.extend(msgs if room == n else msgs[:room])
             self._in_memory += room
-            self._len += room
+            self.count += room
         if room == n:
             return
         rest = msgs[room:]
@@ -207,7 +209,7 @@ class Backlog:
         if room:
             self._items.extend(run.messages(0, room))
             self._in_memory += room
-            self._len += room
+            self.count += room
         if room < n:
             self.extend_on_disk(run.locations(room, n))
 
@@ -222,7 +224,7 @@ class Backlog:
             items[-1].extend(locs, attempts)
         else:
             items.append(OnDisk(locs, attempts))
-        self._len += len(locs)
+        self.count += len(locs)
 
     def _spill(self, loc: int, attempts: int) -> None:
         items = self._items
@@ -253,7 +255,7 @@ class Backlog:
         else:
             self._items.extendleft(reversed(msgs))
             self._in_memory += len(msgs)
-        self._len += len(msgs)
+        self.count += len(msgs)
 
     def popleft(self, wait: bool = True) -> Message | None:
         """The next message; None when empty or, if ``wait``, while the next one is
@@ -264,7 +266,7 @@ class Backlog:
             if type(head) is not OnDisk:
                 items.popleft()
                 self._in_memory -= 1
-                self._len -= 1
+                self.count -= 1
                 return head
             if not head:
                 items.popleft()
@@ -294,7 +296,7 @@ class Backlog:
                 self.stalled = True
                 return None
             _, attempts = head.pop()
-            self._len -= 1
+            self.count -= 1
             if not head:
                 items.popleft()
                 head.gone = True
@@ -322,7 +324,7 @@ class Backlog:
         else:  # popped in C: ``popleft`` called until ``len(head)`` are gone
             deque(islice(iter(items.popleft, _NOTHING), len(head)), 0)
         self._in_memory -= len(head)
-        self._len -= len(head)
+        self.count -= len(head)
         return head
 
     def _take_in(self, run: OnDisk) -> None:
@@ -337,7 +339,7 @@ class Backlog:
                 if loaded[i] is None:  # ReadLater leaves the rest to read next time
                     loaded[i] = self._load(loc) or _LOST
             msgs = [m for m in loaded if m is not _LOST]
-            self._len -= len(loaded) - len(msgs)
+            self.count -= len(loaded) - len(msgs)
         attempts = run.attempts_of(run.start, len(loaded))
         if attempts is not None:
             for msg, count in zip(loaded, attempts):
@@ -404,7 +406,7 @@ class Backlog:
         if found:
             self._items = keep
             self._in_memory -= len(found)
-            self._len -= len(found)
+            self.count -= len(found)
         return found
 
     def take_all(self) -> list[Entry]:
@@ -414,7 +416,7 @@ class Backlog:
             if type(item) is OnDisk:
                 item.gone = True
         self._items.clear()
-        self._len = self._in_memory = 0
+        self.count = self._in_memory = 0
         return items
 
     def oldest_location(self) -> int:

@@ -331,7 +331,8 @@ class Channel:
         self._finished(consumer, finished, ids)
         if consumer in self._seat:   # (``_may_have_room``, inline: at every FIN)
             self._wanting.add(consumer)
-        self._pump()
+        if self._ready.count:   # (``_pump``'s first test, inline: most FINs find none ready)
+            self._pump()
         return failures
 
     def _finished(self, holder: Consumer, msgs: list[Message],
@@ -342,7 +343,7 @@ class Channel:
         wall_ns = self._clock.wall_ns()
         # ``msg.consumer`` is left as it is: nothing reads it once a message is gone.
         self.latency.add_published(wall_ns, [msg.timestamp for msg in msgs])
-        if self.lease_claims:
+        if self.lease_claims.by_id:
             self.lease_claims.left(map(_ID, msgs))
         holder.finish_count += len(msgs)
         self.finish_count += len(msgs)
@@ -495,36 +496,35 @@ class Channel:
         no more body bytes than the smallest ``batch_bytes`` among them, so no batch
         passes its consumer's; when that stopped it, another pass follows once the
         batches are handed over (a transport may have blocked its consumer meanwhile)."""
-        if self.paused or not self._ready or not self._consumers:
+        if self.paused or not self._ready.count or not self._consumers:
             return
         again = True
-        while again and self._ready and not self.paused:
+        while again and self._ready.count and not self.paused:
             again = self._pump_pass()
 
     def _pump_pass(self) -> bool:
         """One pass of ``_pump``; whether it stopped on bytes rather than on room."""
-        open_ = self._with_room(len(self._ready))
+        open_, room, least, max_bytes = self._with_room(self._ready.count)
         if not open_:
             return False
-        room = sum(r for _, r in open_)
-        max_bytes = min((c.batch_bytes for c, _ in open_ if c.batch_bytes), default=0)
         msgs = self._take_ready(room, max_bytes)
         if not msgs:
             return False
-        batches = [(open_[0][0], msgs)] if len(self._consumers) == 1 else self._share(msgs, open_)
+        batches = [(open_[0][0], msgs)] if len(self._consumers) == 1 \
+            else self._share(msgs, open_, least)
         now = self._clock.monotonic()
         in_flight = self._in_flight
         for consumer, batch in batches:
+            held = consumer.in_flight
             for msg in batch:
                 if msg.attempts < MAX_ATTEMPTS:
                     msg.attempts += 1
                 msg.consumer = consumer
+                held[msg.id] = msg
             if len(batch) == 1:   # (many consumers with a little room each)
                 in_flight.push(batch[0], now + consumer.msg_timeout)
-                consumer.in_flight[batch[0].id] = batch[0]
             else:
                 in_flight.push_many(batch, now + consumer.msg_timeout)
-                consumer.in_flight.update({msg.id: msg for msg in batch})
         self._timers_started()
         self._store.delivered(self, msgs)
         wanting = self._wanting
@@ -536,11 +536,13 @@ class Channel:
                 wanting.discard(consumer)
         return bool(max_bytes) and len(msgs) < room
 
-    def _with_room(self, wanted: int) -> list[tuple[Consumer, int]]:
+    def _with_room(self, wanted: int) -> tuple[list[tuple[Consumer, int]], int, int, int]:
         """The consumers with room and how much each has, in round-robin order from the
         one after the consumer served last, no more of them than their first turns take
         ``wanted`` (the messages ready: those after would get none this pass); those
-        found without room leave ``_wanting``."""
+        found without room leave ``_wanting``. With them: their room in all, the least
+        room among them, and the least ``batch_bytes`` among them (0: none bounded),
+        counted on the way (a pass serves hundreds of consumers at a low RDY)."""
         wanting, seat = self._wanting, self._seat
         consumers = self._consumers
         if len(wanting) * 4 >= len(consumers):
@@ -551,32 +553,41 @@ class Channel:
             ordered = sorted(wanting, key=seat.__getitem__)
         split = bisect_right(ordered, self._last_served, key=seat.__getitem__)
         open_, full = [], []
-        turns = 0   # what the first turns of ``open_`` take
+        turns = room = least = max_bytes = 0   # turns: what the first turns of ``open_`` take
         for consumer in chain(islice(ordered, split, None), islice(ordered, split)):
-            r = consumer.room()
+            # (``room()``, inline: once per consumer looked at)
+            r = 0 if consumer.closing or consumer.blocked \
+                else consumer.rdy - len(consumer.in_flight)
             if r > 0:
+                if r < least or not open_:
+                    least = r
                 open_.append((consumer, r))
+                room += r
+                limit = consumer.batch_bytes
+                if limit and (limit < max_bytes or not max_bytes):
+                    max_bytes = limit
                 turns += r if r < TURN else TURN
                 if turns >= wanted:
                     break
             else:
                 full.append(consumer)
         wanting.difference_update(full)
-        return open_
+        return open_, room, least, max_bytes
 
-    def _share(self, msgs: list[Message], open_: list[tuple[Consumer, int]]
+    def _share(self, msgs: list[Message], open_: list[tuple[Consumer, int]], least: int
                ) -> list[tuple[Consumer, list[Message]]]:
         """Deal ``msgs`` (no more than the consumers' rooms hold in all) to ``open_``
-        (each consumer with room and its room, in round-robin order) in turns: on its
-        turn a consumer takes the next ``TURN`` messages, fewer if its room or the
-        messages run out, and turns go round until the messages are dealt. Each consumer
-        with its batch, in the order they were served."""
+        (each consumer with room and its room, in round-robin order; ``least``: the
+        least room among them) in turns: on its turn a consumer takes the next ``TURN``
+        messages, fewer if its room or the messages run out, and turns go round until
+        the messages are dealt. Each consumer with its batch, in the order they were
+        served."""
         k, count = len(open_), len(msgs)
         if k == 1:
             self._last_served = self._seat[open_[0][0]]
             return [(open_[0][0], msgs)]
         rounds, rest = divmod(count, TURN * k)
-        if min(r for _, r in open_) >= TURN * rounds + min(TURN, rest):
+        if least >= TURN * rounds + min(TURN, rest):
             # No room runs out: ``rounds`` turns each, then the rest from the first, a
             # turn each; by slices. In the full rounds, turn t is messages 2t and 2t + 1
             # and goes to consumer t % k: consumer i's are every k-th of the turns'

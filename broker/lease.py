@@ -178,21 +178,23 @@ class LeaseClaims:
     remembered lease that no longer claims any message.
     """
 
-    __slots__ = ("_by_id", "_forget")
+    __slots__ = ("by_id", "_forget")
 
     def __init__(self, forget: "Callable[[RememberedLease], None]") -> None:
-        self._by_id: dict[str, RememberedLease] = {}
+        # The claiming lease of each message id; read by the channel at every FIN (a
+        # dict's truth test, where ``__bool__`` would be a Python call).
+        self.by_id: dict[str, RememberedLease] = {}
         self._forget = forget
 
     def __bool__(self) -> bool:
-        return bool(self._by_id)
+        return bool(self.by_id)
 
     def __len__(self) -> int:
-        return len(self._by_id)
+        return len(self.by_id)
 
     def claim(self, lease: RememberedLease, ids: "Iterable[str] | None" = None) -> None:
         """``lease`` claims ``ids`` (default: all of its own), messages still here."""
-        by_id = self._by_id
+        by_id = self.by_id
         for msg_id in lease.ids if ids is None else ids:
             previous = by_id.get(msg_id)
             if previous is lease:
@@ -204,7 +206,7 @@ class LeaseClaims:
 
     def release(self, lease: RememberedLease) -> None:
         """``lease`` is held again (adopted, FINed): it claims nothing now."""
-        by_id = self._by_id
+        by_id = self.by_id
         for msg_id in lease.ids:
             if by_id.get(msg_id) is lease:
                 del by_id[msg_id]
@@ -212,15 +214,15 @@ class LeaseClaims:
 
     def left(self, msg_ids: Iterable[str]) -> None:
         """These messages left the channel."""
-        pop = self._by_id.pop
+        pop = self.by_id.pop
         for msg_id in msg_ids:
             lease = pop(msg_id, None)
             if lease is not None:
                 self._one_less(lease)
 
     def clear(self) -> None:
-        leases = {id(lease): lease for lease in self._by_id.values()}
-        self._by_id.clear()
+        leases = {id(lease): lease for lease in self.by_id.values()}
+        self.by_id.clear()
         for lease in leases.values():
             lease.live = 0
             self._forget(lease)

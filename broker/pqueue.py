@@ -125,8 +125,8 @@ class DeadlineQueue:
                     # asking each message (comparing lists of the same objects compares
                     # pointers).
                     at += len(group)
-                elif _has_live(first):
-                    break
+                elif first[3][-1] == group[-1].token or _has_live(first):
+                    break   # live (its last message answers at once, mostly: ``_has_live``)
                 self._slots -= len(group)
             if in_run:
                 run.popleft()

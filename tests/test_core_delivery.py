@@ -124,6 +124,30 @@ def test_a_consumer_with_a_batch_byte_bound_gets_its_room_in_batches_no_bigger_t
     assert list(c.in_flight) == ids[:8] and ch.depth == 1
 
 
+def test_a_pass_serving_consumers_with_different_batch_bounds_keeps_within_the_smallest():
+    """A pass takes no more body bytes than the smallest bound among the consumers it
+    serves, so the consumer with the small bound never gets a bigger batch (more
+    passes follow until the messages or the rooms run out)."""
+    broker, _ = new_broker()
+    small: list[list[str]] = []
+    big: list[list[str]] = []
+    a = Consumer(lambda msg: None, msg_timeout=60.0,
+                 on_messages=lambda msgs: small.append([m.id for m in msgs]))
+    b = Consumer(lambda msg: None, msg_timeout=60.0,
+                 on_messages=lambda msgs: big.append([m.id for m in msgs]))
+    a.batch_bytes, b.batch_bytes = 10, 1000
+    ch = broker.subscribe(a, "events", "work")
+    broker.subscribe(b, "events", "work")
+    ch.set_rdy(a, 8)
+    ch.set_rdy(b, 8)
+    ids = broker.multi_publish("events", [b"1234"] * 20)   # 4 bytes each: one pump, both open
+    # Each pass takes 3 (12 bytes: the 10 reached), dealt in turns of two.
+    assert max(len(batch) for batch in small) <= 3
+    got = [i for batch in small + big for i in batch]
+    assert sorted(got) == sorted(ids[:16]) and len(got) == 16 and ch.depth == 4
+    assert len(a.in_flight) == len(b.in_flight) == 8
+
+
 def test_a_consumer_gets_nothing_until_it_gives_a_rdy_count():
     broker, _ = new_broker()
     c = Recorder(broker)

@@ -16,7 +16,8 @@ client closes its side mid-command, it gets the error nsqd gives for the
 truncation.
 
 Output is written once per event-loop pass, or at once when it fills the
-client's ``output_buffer_size`` (as nsqd's buffered writer does). The channel
+client's ``output_buffer_size`` (as nsqd's buffered writer does) or hands a
+consumer all its RDY allows (as nsqd flushes a client whose RDY is used up). The channel
 hands a consumer its messages in batches of up to ``BATCH_BYTES`` of bodies (or
 the output buffer size, if larger), framed together and written at once. Backpressure:
 a consumer whose socket stops taking data (its unsent output passes
@@ -239,7 +240,11 @@ class V2Connection(asyncio.Protocol):
             # was read, without the buffer (as ``_process`` would).
             ids, end = wire.read_fins(data, 0)
             if end == len(data):
-                self._fin_many(ids)
+                # (``_fin_many``, inline: a consumer's every read)
+                consumer = self.consumer
+                failures = consumer.channel.finish_many(consumer, ids)
+                if failures:
+                    self._fin_failed(failures)
                 return
         self.buf += data
         self._process(final=False)
@@ -333,12 +338,22 @@ class V2Connection(asyncio.Protocol):
     def _on_messages(self, msgs: "list[Message] | tuple[Message, ...]") -> None:
         # The frames' parts go out as they are: joined once per write, not per message.
         self.out_bytes += wire.add_message_frames(self.out, msgs)
-        # (``_queued``, inline: a consumer is handed messages once per event of its own)
-        if self.out_bytes >= self.output_buffer_size:
+        # Written at once, too, when the consumer has all its RDY allows (as nsqd flushes
+        # a client whose RDY is used up): nothing more can come to it before it answers,
+        # so waiting for the pass to end would only add a callback's work to each write
+        # (a thousand consumers at RDY 2: one for every two messages).
+        consumer = self.consumer
+        # (``_queued`` and ``flush_soon``, inline: a consumer is handed messages once per
+        # event of its own)
+        if self.out_bytes >= self.output_buffer_size \
+                or consumer.rdy <= len(consumer.in_flight):
             self._write_out()
         elif not self.flush_scheduled:
             self.flush_scheduled = True
-            self.server.flush_soon(self)
+            unflushed = self.server.unflushed
+            if not unflushed:
+                self.loop.call_soon(self.server.flush_all)
+            unflushed.append(self)
 
     def _set_buffer_limits(self) -> None:
         if self.transport is not None:
@@ -630,7 +645,10 @@ class V2Connection(asyncio.Protocol):
         """FIN lines read at once (see ``wire.read_fins``): each failure gets its
         error, in order, as the same FINs read one by one would."""
         consumer = self.consumer   # a subscribed state's: it has a channel
-        for err in consumer.channel.finish_many(consumer, ids):
+        self._fin_failed(consumer.channel.finish_many(consumer, ids))
+
+    def _fin_failed(self, failures: list[BrokerError]) -> None:
+        for err in failures:
             self._error(err)
 
     def _req(self, params: list[bytes], pos: int) -> int:
@@ -814,16 +832,16 @@ class TcpServer:
         # Connections whose output waits for this pass of the event loop to end: one
         # callback writes them all (a thousand consumers, each FINed and refilled in one
         # pass, are a thousand writes, not a thousand callbacks as well).
-        self._unflushed: list[V2Connection] = []
+        self.unflushed: list[V2Connection] = []
 
     def flush_soon(self, conn: V2Connection) -> None:
         """Write ``conn``'s output once this pass of the event loop ends."""
-        if not self._unflushed:
-            conn.loop.call_soon(self._flush_all)
-        self._unflushed.append(conn)
+        if not self.unflushed:
+            conn.loop.call_soon(self.flush_all)
+        self.unflushed.append(conn)
 
-    def _flush_all(self) -> None:
-        conns, self._unflushed = self._unflushed, []
+    def flush_all(self) -> None:
+        conns, self.unflushed = self.unflushed, []
         for conn in conns:
             if conn.flush_scheduled:   # (not written meanwhile, by a close say)
                 try:

@@ -29,8 +29,9 @@ MSG_ID_LENGTH = 16
 MESSAGE_OVERHEAD = MESSAGE_HEAD.size + MSG_ID_LENGTH
 #: nsqd reads a command line through a 16 KiB buffer; a longer line ends the connection.
 MAX_LINE = 16 * 1024
-# FIN lines in the form clients send them, one after another (read in one match).
-_FINS = re.compile(rb"(?:FIN [0-9a-f]{16}\n)+")
+# FIN lines in the form clients send them, one after another (read in one match;
+# possessive: nothing to give back, so the engine keeps no state to backtrack to).
+_FINS = re.compile(rb"(?:FIN [0-9a-f]{16}+\n)++")
 
 
 class Incomplete(Exception):
