@@ -300,7 +300,11 @@ class LeaseJournal:
     is live, not history: it starts afresh whenever nothing is live, and is rewritten
     with what is live once what is gone outweighs it four times over, so it stays
     bounded by the leases in flight or remembered. Written with ``write`` before the
-    broker answers (what ``kill -9`` leaves); a power loss may take its unsynced tail.
+    broker answers (what ``kill -9`` leaves), and fsynced with the logs by the store's
+    sync (``take_sync_work``): a power loss takes what the logs' last completed sync
+    did not cover, no more, so the leases come back as they were at that sync, with
+    the messages they claim. (A start and a rewrite fsync it at once; the cut to an
+    empty file when nothing is live waits for the next sync like any write.)
 
     The file is framed as a topic's log is (``storage.records``): its key first, then
     one ``LEASE_MADE`` or ``LEASE_GONE`` record per change, each checked under the key,
@@ -332,6 +336,7 @@ class LeaseJournal:
         self._size = 0                    # of the file, as written by whole records
         self._key = 0
         self._unwritten: list[bytes] = []  # GONE records a failed write left to write
+        self._unsynced = False            # written or cut since its last fsync
 
     # -- reading, at start ----------------------------------------------------
     def load(self) -> list[tuple[str, str, str, float, list[str], list[int], str]]:
@@ -509,6 +514,15 @@ class LeaseJournal:
             log.error("lease journal %s: could not write the end of lease %s: %s (kept; "
                       "written with the next write)", self.path, lease_id, err)
 
+    def take_sync_work(self) -> str | None:
+        """The file's path, if it was written or cut since it was last fsynced (the
+        store's sync fsyncs it, in its thread, with the logs; a failed sync tries it
+        again); None when there is nothing to fsync."""
+        if not self._unsynced:
+            return None
+        self._unsynced = False
+        return str(self.path)
+
     def close(self) -> None:
         if self._fd >= 0:
             self.files.close(self._fd)
@@ -554,6 +568,7 @@ class LeaseJournal:
             self._fd = self.files.open(str(self.path), os.O_WRONLY | os.O_APPEND)
             self._size = self.files.size(self._fd)
         data = records.seal(b"".join(parts), self._key)
+        self._unsynced = True
         try:
             self._write_all(self._fd, data)
         except OSError:
@@ -570,6 +585,7 @@ class LeaseJournal:
             self._fd = self.files.open(str(self.path), os.O_WRONLY | os.O_APPEND)
         self.files.truncate(self._fd, size)
         self._size = size
+        self._unsynced = True
 
     def _rewrite(self, made: "list[tuple[str, bytes]]") -> None:
         """Replace the file with a new key and ``made`` (temp file, fsync, rename); the
@@ -593,6 +609,7 @@ class LeaseJournal:
             raise
         self.close()
         self._key, self._size = key, len(data)
+        self._unsynced = False   # fsynced above, then renamed into place
         self._sizes = {lease_id: len(record) for lease_id, record in made}
         self._live_bytes = sum(self._sizes.values())
         self._dead_bytes = 0

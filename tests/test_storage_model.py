@@ -159,6 +159,9 @@ class StorageModel(RuleBasedStateMachine):
         # Leases held or remembered, in the order they were made (the lease journal's).
         self.leases: dict[str, LeaseModel] = {}
         self.past_leases: list[str] = []
+        # The leases as the lease journal's fsynced part holds them: as at the last start
+        # or completed sync, or none once every lease ended (the file is cut back).
+        self.synced_leases: dict[str, LeaseModel] = {}
         # (producer id, sequence) -> what it published, while the broker must remember it.
         self.produced: dict[tuple[str, int], Produced] = {}
         self.synced_produced: dict[tuple[str, int], Produced] = {}
@@ -176,7 +179,8 @@ class StorageModel(RuleBasedStateMachine):
         self.broker = Broker(options, clock=self.clock)
         self.store = DiskStore(self.broker, options, self.files)
         self.broker.storage = self.store
-        self.broker.recover(self.store, LeaseJournal(Path(self._tmp.name) / "leases.journal"))
+        self.broker.recover(self.store, LeaseJournal(Path(self._tmp.name) / "leases.journal",
+                                                     self.files))
         self.session = self.broker.open_lease_session("planner").session_id
         # Messages waiting on disk are read ahead without waiting on the loop: from
         # the page cache at once (while ``page_cache_hot``), else by the reader thread;
@@ -203,6 +207,13 @@ class StorageModel(RuleBasedStateMachine):
         if not self.mid_pass:
             self.store.flush()
         self.observe_deliveries()
+        self.journal_cut_when_no_lease_is_left()
+
+    def journal_cut_when_no_lease_is_left(self) -> None:
+        """Once no lease is held or remembered the journal is cut back to nothing: the
+        leases its last fsync covered are gone from it."""
+        if not self.leases:
+            self.synced_leases = {}
 
     def stop(self, crash: bool = True) -> None:
         """The broker stops: killed (nothing more written) or closed."""
@@ -635,6 +646,29 @@ class StorageModel(RuleBasedStateMachine):
         self.restarted(self.model)
         self.replay(lease_id)
 
+    @rule(topic=st.sampled_from(LEASE_TOPICS), count=st.integers(1, 6),
+          give_back=st.booleans(), synced=st.booleans())
+    def a_batch_replayed_after_a_power_loss(self, topic: str, count: int, give_back: bool,
+                                            synced: bool) -> None:
+        """A batch is leased (and failed, or not), the data path is synced (or not), the
+        power goes, and the planner replays the batch: after a sync it reads the same rows;
+        without one the lease is not remembered (nor are its deliveries), and the replay
+        finds nothing."""
+        made = len(self.past_leases)
+        self.take_a_batch(topic, count)
+        if len(self.past_leases) == made:
+            return
+        lease_id = self.past_leases[-1]
+        if give_back:
+            self.broker.requeue_leases([lease_id])
+            self.given_back(lease_id)
+            self.end_of_pass()
+        if synced:
+            self.sync()
+        self.power_loss()
+        assert (lease_id in self.leases) == synced, lease_id
+        self.replay(lease_id)
+
     def forget_unclaimed_leases(self) -> None:
         """A lease given back is remembered while one of its messages waits in the channel
         claimed by it (given back by no lease since)."""
@@ -829,6 +863,7 @@ class StorageModel(RuleBasedStateMachine):
         assert not self.store.failed
         self.synced = copy.deepcopy(self.model)
         self.synced_produced = copy.deepcopy(self.produced)
+        self.synced_leases = copy.deepcopy(self.leases)
 
     @rule()
     def power_loss(self) -> None:
@@ -847,7 +882,14 @@ class StorageModel(RuleBasedStateMachine):
             if name not in model and not t.ephemeral:
                 model[name] = TopicModel(ephemeral=False)
         self.produced = copy.deepcopy(self.synced_produced)
+        # The leases as the journal's last fsync left them (with the logs' last sync, or
+        # the last start): one made since is not remembered, one ended since (its FIN
+        # lost with the log's tail) is, unless every lease ended since (the journal
+        # was cut back to nothing).
+        self.leases = copy.deepcopy(self.synced_leases)
         self.restarted(model)
+        if self.leases:
+            event("a lease remembered across a power loss")
         self.synced = copy.deepcopy(self.model)
         self.synced_produced = copy.deepcopy(self.produced)
 
@@ -1048,6 +1090,8 @@ class StorageModel(RuleBasedStateMachine):
         self.leases_as_restarted()
         self.forget_what_expired()
         self.check_everything_pending()
+        # The start rewrote the journal with the leases it kept, and fsynced it.
+        self.synced_leases = copy.deepcopy(self.leases)
 
     def as_restarted(self, model: dict[str, TopicModel]) -> dict[str, TopicModel]:
         """What a restart makes of ``model``: nothing ephemeral, nothing in flight, and

@@ -50,3 +50,30 @@ def test_a_lease_forgotten_at_a_start_is_not_remembered_after_a_power_loss(state
     check(state)
     state.power_loss()
     check(state)
+
+
+def test_a_lease_made_before_the_last_sync_is_remembered_after_a_power_loss(state):
+    # The lease journal was fsynced only when rewritten (at a start): a power loss after
+    # the logs' sync kept the lease's deliveries but took the lease, so the replay of its
+    # batch found nothing and read other rows. It is fsynced with the logs now.
+    state.a_topic_with_two_channels_and_a_backlog(count=3)
+    state.take_a_batch(count=2, topic="a")
+    lease_id = state.past_leases[-1]
+    state.sync()
+    state.power_loss()
+    check(state)
+    assert lease_id in state.broker._requeued
+    state.replay(lease_id)          # the same two messages, with their first attempts
+    check(state)
+
+
+def test_a_lease_made_after_the_last_sync_is_not_remembered_after_a_power_loss(state):
+    state.a_topic_with_two_channels_and_a_backlog(count=3)
+    state.sync()
+    state.take_a_batch(count=2, topic="a")
+    lease_id = state.past_leases[-1]
+    state.power_loss()
+    check(state)
+    assert lease_id not in state.broker._requeued
+    state.replay(lease_id)          # nothing: the lease is unknown, its messages wait
+    check(state)
