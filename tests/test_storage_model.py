@@ -9,14 +9,14 @@ pause/unpause, reads of spilled messages that arrive late (or never), syncs,
 and restarts: clean (``close``), crash (the store is abandoned with no flush,
 fsync or close; only what ``write(2)`` put in the files is there for the next
 start) and power loss (``tests/faultfs.py`` cuts each log file, and the lease
-journal, back to what was fsynced). A plain in-memory model is the oracle: after every step, each
-channel's and topic's pending messages (ids, attempts, deferral times) are
-exactly the model's; after a restart every acknowledged, un-FINed message of
-each durable channel is pending again, and nothing FINed or sent before a
-channel existed comes back; after a power loss the broker is exactly the model
-as it stood at the last completed sync, its leases too (the journal is fsynced with
-the logs: a lease made since is not remembered, one ended since is, unless the
-journal was cut back to nothing since, every lease having ended).
+journal, back to what was fsynced). A plain in-memory model is the oracle: after
+every step, each channel's and topic's pending messages (ids, attempts, deferral
+times) are exactly the model's; after a restart every acknowledged, un-FINed
+message of each durable channel is pending again, and nothing FINed or sent
+before a channel existed comes back; after a power loss the broker is exactly
+the model as it stood at the last completed sync, its leases too (the journal is
+fsynced with the logs: a lease made since is not remembered, one ended since is,
+unless the journal was cut back to nothing since, every lease having ended).
 
 A long run (``PYNSQ_MODEL_EXAMPLES=1000``, about three minutes here) found that
 a broker restarted after a kill never fsynced what the killed one had written:
