@@ -297,14 +297,14 @@ class LeaseJournal:
     its messages waits in its channel any more. After a restart every lease not gone is
     remembered as if requeued: a replay adopts it and reads the same rows, and a FIN of
     a batch Spark committed before the restart finds its messages. The file holds what
-    is live, not history: it starts afresh whenever nothing is live, and is rewritten
+    is live, not history: it starts afresh once nothing is live, and is rewritten
     with what is live once what is gone outweighs it four times over, so it stays
     bounded by the leases in flight or remembered. Written with ``write`` before the
     broker answers (what ``kill -9`` leaves), and fsynced with the logs by the store's
     sync (``take_sync_work``): a power loss takes what the logs' last completed sync
     did not cover, no more, so the leases come back as they were at that sync, with
-    the messages they claim. (A start and a rewrite fsync it at once; the cut to an
-    empty file when nothing is live waits for the next sync like any write.)
+    the messages they claim. (A start and a rewrite fsync it at once.) It starts afresh
+    (cut back to its key) after a sync that found nothing live, not at the last FIN.
 
     The file is framed as a topic's log is (``storage.records``): its key first, then
     one ``LEASE_MADE`` or ``LEASE_GONE`` record per change, each checked under the key,
@@ -337,6 +337,7 @@ class LeaseJournal:
         self._key = 0
         self._unwritten: list[bytes] = []  # GONE records a failed write left to write
         self._unsynced = False            # written or cut since its last fsync
+        self._cut_when_synced = False     # nothing was live when the running sync took it
 
     # -- reading, at start ----------------------------------------------------
     def load(self) -> list[tuple[str, str, str, float, list[str], list[int], str]]:
@@ -487,16 +488,10 @@ class LeaseJournal:
             return
         self._live_bytes -= size
         self._dead_bytes += size
-        if not self._sizes:
-            # Nothing live: the file starts afresh (a power loss that undoes the cut
-            # brings back leases already over, which find nothing and are dropped).
-            try:
-                self._cut(records.PROLOGUE_SIZE)
-                self._dead_bytes, self._unwritten = 0, []
-                return
-            except OSError as err:
-                log.error("lease journal %s: could not cut it back: %s", self.path, err)
-        elif self._dead_bytes > max(self.COMPACT_MIN_BYTES, self.COMPACT_RATIO * self._live_bytes):
+        # Nothing live: the file starts afresh once a sync has covered this end (``synced``),
+        # not before: a power loss that takes the FINs brings their leases back with them.
+        if self._sizes and \
+                self._dead_bytes > max(self.COMPACT_MIN_BYTES, self.COMPACT_RATIO * self._live_bytes):
             try:
                 self._rewrite([(lease.lease_id, self._encode_lease(lease)) for lease in live()
                                if lease.lease_id in self._sizes])
@@ -521,7 +516,22 @@ class LeaseJournal:
         if not self._unsynced:
             return None
         self._unsynced = False
+        self._cut_when_synced = not self._sizes
         return str(self.path)
+
+    def synced(self) -> None:
+        """The store's sync that took this file (``take_sync_work``) completed: if nothing
+        was live then, and nothing is now, the file starts afresh (every end it holds, and
+        the FINs before them, are on disk: a power loss that undoes the cut brings back
+        leases whose messages are FINed, which are dropped)."""
+        cut, self._cut_when_synced = self._cut_when_synced, False
+        if not cut or self._sizes:
+            return
+        try:
+            self._cut(records.PROLOGUE_SIZE)
+            self._dead_bytes, self._unwritten = 0, []
+        except OSError as err:
+            log.error("lease journal %s: could not cut it back: %s", self.path, err)
 
     def close(self) -> None:
         if self._fd >= 0:

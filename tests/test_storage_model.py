@@ -15,8 +15,7 @@ times) are exactly the model's; after a restart every acknowledged, un-FINed
 message of each durable channel is pending again, and nothing FINed or sent
 before a channel existed comes back; after a power loss the broker is exactly
 the model as it stood at the last completed sync, its leases too (the journal is
-fsynced with the logs: a lease made since is not remembered, one ended since is,
-unless the journal was cut back to nothing since, every lease having ended).
+fsynced with the logs: a lease made since is not remembered, one ended since is).
 
 A long run (``PYNSQ_MODEL_EXAMPLES=1000``, about three minutes here) found that
 a broker restarted after a kill never fsynced what the killed one had written:
@@ -162,7 +161,7 @@ class StorageModel(RuleBasedStateMachine):
         self.leases: dict[str, LeaseModel] = {}
         self.past_leases: list[str] = []
         # The leases as the lease journal's fsynced part holds them: as at the last start
-        # or completed sync, or none once every lease ended (the file is cut back).
+        # or completed sync (after which it is cut back if none was live).
         self.synced_leases: dict[str, LeaseModel] = {}
         # (producer id, sequence) -> what it published, while the broker must remember it.
         self.produced: dict[tuple[str, int], Produced] = {}
@@ -209,13 +208,6 @@ class StorageModel(RuleBasedStateMachine):
         if not self.mid_pass:
             self.store.flush()
         self.observe_deliveries()
-        self.journal_cut_when_no_lease_is_left()
-
-    def journal_cut_when_no_lease_is_left(self) -> None:
-        """Once no lease is held or remembered the journal is cut back to nothing: the
-        leases its last fsync covered are gone from it."""
-        if not self.leases:
-            self.synced_leases = {}
 
     def stop(self, crash: bool = True) -> None:
         """The broker stops: killed (nothing more written) or closed."""
@@ -886,8 +878,7 @@ class StorageModel(RuleBasedStateMachine):
         self.produced = copy.deepcopy(self.synced_produced)
         # The leases as the journal's last fsync left them (with the logs' last sync, or
         # the last start): one made since is not remembered, one ended since (its FIN
-        # lost with the log's tail) is, unless every lease ended since (the journal
-        # was cut back to nothing).
+        # lost with the log's tail) is.
         self.leases = copy.deepcopy(self.synced_leases)
         self.restarted(model)
         if self.leases:

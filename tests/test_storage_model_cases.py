@@ -77,3 +77,21 @@ def test_a_lease_made_after_the_last_sync_is_not_remembered_after_a_power_loss(s
     assert lease_id not in state.broker._requeued
     state.replay(lease_id)          # nothing: the lease is unknown, its messages wait
     check(state)
+
+
+def test_the_last_lease_committed_after_the_last_sync_is_remembered_after_a_power_loss(state):
+    # The journal started afresh at the last lease's end: a power loss that took the FIN
+    # (not synced) brought the messages back but not the lease, so the planner's FIN of the
+    # committed batch, sent again, found nothing and the batch was read twice. It starts
+    # afresh only after a sync covers the end now.
+    state.a_topic_with_two_channels_and_a_backlog(count=2)
+    state.take_a_batch(count=2, topic="a")
+    lease_id = state.past_leases[-1]
+    state.sync()
+    state.commit_a_batch(data=Draws(0))
+    check(state)
+    state.power_loss()
+    check(state)
+    assert lease_id in state.broker._requeued
+    state.commit_a_batch(data=Draws(0))    # the FIN sent again finds the two messages
+    check(state)

@@ -952,6 +952,8 @@ class DiskStore(Store):
         elif self.failed is not None:
             log.warning("fsync of the data path succeeded again: publishes are accepted")
             self.failed = None
+        if err is None and self.broker.lease_journal is not None:
+            self.broker.lease_journal.synced()
 
     def wait_synced(self) -> None:
         """fsync everything written so far, now (tests, and close)."""
