@@ -293,8 +293,10 @@ class LeaseJournal:
     a lease outlives a restart of the broker, clean or ``kill -9``.
 
     A lease is written when it is made (its channel, and each message's id and attempts
-    as first delivered: never bodies) and marked gone when it is FINed or when none of
-    its messages waits in its channel any more. After a restart every lease not gone is
+    as first delivered: never bodies), written again when a replay adopts it (what it
+    took back; a load keeps the last record of a lease, in the last one's place, so a
+    message is claimed by the lease that held it last), and marked gone when it is FINed
+    or when none of its messages waits in its channel any more. After a restart every lease not gone is
     remembered as if requeued: a replay adopts it and reads the same rows, and a FIN of
     a batch Spark committed before the restart finds its messages. The file holds what
     is live, not history: it starts afresh once nothing is live, and is rewritten
@@ -368,6 +370,7 @@ class LeaseJournal:
                 except (struct.error, UnicodeDecodeError, ValueError):
                     damaged += 1  # its check passed: written so by a broker at fault
                     continue
+                live.pop(made[0], None)   # written again (adopted): its place is the last
                 live[made[0]] = made
             elif record.kind == records.LEASE_GONE:
                 live.pop(bytes(record.payload).decode(errors="replace"), None)
@@ -468,7 +471,8 @@ class LeaseJournal:
                           f"or make it writable and start again)") from err
 
     def made(self, lease: "Lease") -> None:
-        """Write ``lease`` down; ``StorageFailed`` (and the file as it was) if it cannot be."""
+        """Write ``lease`` down (made, or adopted: written again, with what it took back);
+        ``StorageFailed`` (and the file as it was) if it cannot be."""
         assert lease.channel is not None
         record = self._encode_lease(lease)
         try:
@@ -478,6 +482,10 @@ class LeaseJournal:
                                 f"{err.strerror or err} (its messages are given back; retry)"
                                 ) from err
         self._unwritten = []
+        before = self._sizes.pop(lease.lease_id, None)   # written again (adopted): dead now
+        if before is not None:
+            self._live_bytes -= before
+            self._dead_bytes += before
         self._sizes[lease.lease_id] = len(record)
         self._live_bytes += len(record)
 

@@ -95,3 +95,22 @@ def test_the_last_lease_committed_after_the_last_sync_is_remembered_after_a_powe
     assert lease_id in state.broker._requeued
     state.commit_a_batch(data=Draws(0))    # the FIN sent again finds the two messages
     check(state)
+
+
+def test_a_lease_adopted_after_a_later_lease_gave_its_message_back_claims_it_after_a_kill(state):
+    # A later lease took one of a remembered lease's messages and gave it back; the replay
+    # of the first took all of its messages back. The journal held the first lease before
+    # the later one, so after kill -9 the later one claimed that message and a replay of
+    # the first read two of its three rows. An adopted lease is written again, last, now.
+    state.a_topic_with_two_channels_and_a_backlog(count=3)
+    state.take_a_batch(count=3, topic="a")
+    first = state.past_leases[-1]
+    state.give_back_a_batch(data=Draws(0))
+    state.take_a_batch(count=1, topic="a")
+    state.give_back_a_batch(data=Draws(0))
+    state.replay_a_batch(data=Draws(0))
+    state.restart(crash=True)
+    check(state)
+    assert state.broker._requeued[first].live == 3
+    state.replay(first)             # all three, in their order, with their first attempts
+    check(state)
