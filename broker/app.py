@@ -163,12 +163,13 @@ class BrokerApp:
             await self.security.close()
 
     def _close_storage(self) -> None:
-        journal, self.broker.lease_journal = self.broker.lease_journal, None
-        if journal is not None:
-            journal.close()
+        # The storage first: its last sync fsyncs the lease journal too.
         storage, self.broker.storage = self.broker.storage, MemoryStore(
             self.options.max_memory_bytes)
         storage.close()
+        journal, self.broker.lease_journal = self.broker.lease_journal, None
+        if journal is not None:
+            journal.close()
 
     async def _tick_forever(self) -> None:
         while True:

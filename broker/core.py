@@ -448,6 +448,14 @@ class Broker:
         lease.order = taken
         lease.first_attempts = dict(zip(old.ids, old.attempts))
         self._leases[lease_id] = lease
+        if self._journaled(lease.channel):
+            # Written again, last, with what it took back: after a restart it claims those
+            # messages over a lease that held them in between (the journal's order decides),
+            # and leaves that lease the ones it did not take back.
+            try:
+                self.lease_journal.made(lease)
+            except StorageFailed as err:
+                log.error("%s; after a restart an earlier order of the leases applies", err)
         return lease
 
     def _remember(self, lease: Lease) -> None:

@@ -295,14 +295,20 @@ class LeaseJournal:
     a lease outlives a restart of the broker, clean or ``kill -9``.
 
     A lease is written when it is made (its channel, and each message's id and attempts
-    as first delivered: never bodies) and marked gone when it is FINed or when none of
-    its messages waits in its channel any more. After a restart every lease not gone is
+    as first delivered: never bodies), written again when a replay adopts it (what it
+    took back; a load keeps the last record of a lease, in the last one's place, so a
+    message is claimed by the lease that held it last), and marked gone when it is FINed
+    or when none of its messages waits in its channel any more. After a restart every lease not gone is
     remembered as if requeued: a replay adopts it and reads the same rows, and a FIN of
     a batch Spark committed before the restart finds its messages. The file holds what
-    is live, not history: it starts afresh whenever nothing is live, and is rewritten
+    is live, not history: it starts afresh once nothing is live, and is rewritten
     with what is live once what is gone outweighs it four times over, so it stays
     bounded by the leases in flight or remembered. Written with ``write`` before the
-    broker answers (what ``kill -9`` leaves); a power loss may take its unsynced tail.
+    broker answers (what ``kill -9`` leaves), and fsynced with the logs by the store's
+    sync (``take_sync_work``): a power loss takes what the logs' last completed sync
+    did not cover, no more, so the leases come back as they were at that sync, with
+    the messages they claim. (A start and a rewrite fsync it at once.) It starts afresh
+    (cut back to its key) after a sync that found nothing live, not at the last FIN.
 
     The file is framed as a topic's log is (``storage.records``): its key first, then
     one ``LEASE_MADE`` or ``LEASE_GONE`` record per change, each checked under the key,
@@ -334,6 +340,8 @@ class LeaseJournal:
         self._size = 0                    # of the file, as written by whole records
         self._key = 0
         self._unwritten: list[bytes] = []  # GONE records a failed write left to write
+        self._unsynced = False            # written or cut since its last fsync
+        self._cut_when_synced = False     # nothing was live when the running sync took it
 
     # -- reading, at start ----------------------------------------------------
     def load(self) -> list[tuple[str, str, str, float, list[str], list[int], str]]:
@@ -364,6 +372,7 @@ class LeaseJournal:
                 except (struct.error, UnicodeDecodeError, ValueError):
                     damaged += 1  # its check passed: written so by a broker at fault
                     continue
+                live.pop(made[0], None)   # written again (adopted): its place is the last
                 live[made[0]] = made
             elif record.kind == records.LEASE_GONE:
                 live.pop(bytes(record.payload).decode(errors="replace"), None)
@@ -464,7 +473,8 @@ class LeaseJournal:
                           f"or make it writable and start again)") from err
 
     def made(self, lease: "Lease") -> None:
-        """Write ``lease`` down; ``StorageFailed`` (and the file as it was) if it cannot be."""
+        """Write ``lease`` down (made, or adopted: written again, with what it took back);
+        ``StorageFailed`` (and the file as it was) if it cannot be."""
         assert lease.channel is not None
         record = self._encode_lease(lease)
         try:
@@ -474,6 +484,10 @@ class LeaseJournal:
                                 f"{err.strerror or err} (its messages are given back; retry)"
                                 ) from err
         self._unwritten = []
+        before = self._sizes.pop(lease.lease_id, None)   # written again (adopted): dead now
+        if before is not None:
+            self._live_bytes -= before
+            self._dead_bytes += before
         self._sizes[lease.lease_id] = len(record)
         self._live_bytes += len(record)
 
@@ -484,16 +498,10 @@ class LeaseJournal:
             return
         self._live_bytes -= size
         self._dead_bytes += size
-        if not self._sizes:
-            # Nothing live: the file starts afresh (a power loss that undoes the cut
-            # brings back leases already over, which find nothing and are dropped).
-            try:
-                self._cut(records.PROLOGUE_SIZE)
-                self._dead_bytes, self._unwritten = 0, []
-                return
-            except OSError as err:
-                log.error("lease journal %s: could not cut it back: %s", self.path, err)
-        elif self._dead_bytes > max(self.COMPACT_MIN_BYTES, self.COMPACT_RATIO * self._live_bytes):
+        # Nothing live: the file starts afresh once a sync has covered this end (``synced``),
+        # not before: a power loss that takes the FINs brings their leases back with them.
+        if self._sizes and \
+                self._dead_bytes > max(self.COMPACT_MIN_BYTES, self.COMPACT_RATIO * self._live_bytes):
             try:
                 self._rewrite([(lease.lease_id, self._encode_lease(lease)) for lease in live()
                                if lease.lease_id in self._sizes])
@@ -510,6 +518,30 @@ class LeaseJournal:
             # which finds nothing of it waiting (its messages are FINed) and drops it.
             log.error("lease journal %s: could not write the end of lease %s: %s (kept; "
                       "written with the next write)", self.path, lease_id, err)
+
+    def take_sync_work(self) -> str | None:
+        """The file's path, if it was written or cut since it was last fsynced (the
+        store's sync fsyncs it, in its thread, with the logs; a failed sync tries it
+        again); None when there is nothing to fsync."""
+        if not self._unsynced:
+            return None
+        self._unsynced = False
+        self._cut_when_synced = not self._sizes
+        return str(self.path)
+
+    def synced(self) -> None:
+        """The store's sync that took this file (``take_sync_work``) completed: if nothing
+        was live then, and nothing is now, the file starts afresh (every end it holds, and
+        the FINs before them, are on disk: a power loss that undoes the cut brings back
+        leases whose messages are FINed, which are dropped)."""
+        cut, self._cut_when_synced = self._cut_when_synced, False
+        if not cut or self._sizes:
+            return
+        try:
+            self._cut(records.PROLOGUE_SIZE)
+            self._dead_bytes, self._unwritten = 0, []
+        except OSError as err:
+            log.error("lease journal %s: could not cut it back: %s", self.path, err)
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -556,6 +588,7 @@ class LeaseJournal:
             self._fd = self.files.open(str(self.path), os.O_WRONLY | os.O_APPEND)
             self._size = self.files.size(self._fd)
         data = records.seal(b"".join(parts), self._key)
+        self._unsynced = True
         try:
             self._write_all(self._fd, data)
         except OSError:
@@ -572,6 +605,7 @@ class LeaseJournal:
             self._fd = self.files.open(str(self.path), os.O_WRONLY | os.O_APPEND)
         self.files.truncate(self._fd, size)
         self._size = size
+        self._unsynced = True
 
     def _rewrite(self, made: "list[tuple[str, bytes]]") -> None:
         """Replace the file with a new key and ``made`` (temp file, fsync, rename); the
@@ -595,6 +629,7 @@ class LeaseJournal:
             raise
         self.close()
         self._key, self._size = key, len(data)
+        self._unsynced = False   # fsynced above, then renamed into place
         self._sizes = {lease_id: len(record) for lease_id, record in made}
         self._live_bytes = sum(self._sizes.values())
         self._dead_bytes = 0

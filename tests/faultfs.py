@@ -8,6 +8,7 @@
     files.heal()
     with files.suspended(): ...                      # the test's own calls go through
     files.power_loss(data_path)                      # keep only what was fsynced
+                                                     # (the logs and leases.journal)
 
 It fails calls before they reach the disk, or writes short, and remembers how
 much of each file was fsynced, so a test can cut every file back to that.
@@ -86,9 +87,9 @@ class FaultyFiles(Files):
                        for p in Path(root).rglob("*.log"))
 
     def power_loss(self, root: str | Path) -> None:
-        """Cut every log file under ``root`` back to what was fsynced (a file
-        never fsynced keeps nothing)."""
-        for path in Path(root).rglob("*.log"):
+        """Cut every log file under ``root``, and the lease journal, back to what was
+        fsynced (a file never fsynced keeps nothing)."""
+        for path in [*Path(root).rglob("*.log"), *Path(root).rglob("leases.journal")]:
             keep = self._synced.get(str(path), 0)
             if path.stat().st_size > keep:
                 os.truncate(path, keep)
@@ -133,6 +134,12 @@ class FaultyFiles(Files):
     def truncate(self, fd: int, size: int) -> None:
         self._check("truncate")
         super().truncate(fd, size)
+        # A cut is kept, as a rename is: what was fsynced beyond it is gone, and what is
+        # written after it is unsynced until the next fsync.
+        path = self._paths.get(fd)
+        with self._lock:
+            if path is not None and self._synced.get(path, 0) > size:
+                self._synced[path] = size
 
     def rename(self, src: str, dst: str) -> None:
         self._check("rename")

@@ -2,7 +2,8 @@
 write) is cut back off the file and refuses the Reserve that wanted it with
 ``StorageFailed`` (gRPC ``RESOURCE_EXHAUSTED``), its messages given back; a damaged
 record costs that record (one lease) and the load resumes past it; a journal written
-before keys is read and rewritten in the keyed framing at the start."""
+before keys is read and rewritten in the keyed framing at the start; a clean stop
+fsyncs it (the storage's last sync), so a power loss after it keeps every lease."""
 
 from __future__ import annotations
 
@@ -157,3 +158,18 @@ def test_a_start_that_cannot_rewrite_the_journal_says_so_and_leaves_it_as_it_was
     assert (tmp_path / "leases.journal").read_bytes() == before
     assert not (tmp_path / "leases.journal.tmp").exists()
     assert loaded(tmp_path) == leases
+
+
+def test_a_clean_stop_fsyncs_the_journal_so_its_leases_outlive_a_power_loss_after_it(
+        files, tmp_path):
+    data = str(tmp_path / "data")
+    # No sync on the clock's account meanwhile: only the stop's own fsyncs the journal.
+    with EmbeddedBroker(data_path=data, sync_every=1 << 30, sync_timeout=1 << 30) as broker:
+        with Client(broker.address) as client:
+            client.admin("channel", "create", "events", "spark")
+            client.multi_publish("events", [f"m{i}".encode() for i in range(10)])
+            session = client.open_lease_session("planner")
+            leases = [client.reserve(session.session_id, "events", "spark", 2).lease_id
+                      for _ in range(3)]
+    files.power_loss(data)
+    assert loaded(tmp_path / "data") == leases

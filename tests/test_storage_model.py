@@ -8,13 +8,14 @@ under RDY, FIN, REQ with and without delay, TOUCH, timeouts, EMPTY,
 pause/unpause, reads of spilled messages that arrive late (or never), syncs,
 and restarts: clean (``close``), crash (the store is abandoned with no flush,
 fsync or close; only what ``write(2)`` put in the files is there for the next
-start) and power loss (``tests/faultfs.py`` cuts each file back to what was
-fsynced). A plain in-memory model is the oracle: after every step, each
-channel's and topic's pending messages (ids, attempts, deferral times) are
-exactly the model's; after a restart every acknowledged, un-FINed message of
-each durable channel is pending again, and nothing FINed or sent before a
-channel existed comes back; after a power loss the broker is exactly the model
-as it stood at the last completed sync.
+start) and power loss (``tests/faultfs.py`` cuts each log file, and the lease
+journal, back to what was fsynced). A plain in-memory model is the oracle: after
+every step, each channel's and topic's pending messages (ids, attempts, deferral
+times) are exactly the model's; after a restart every acknowledged, un-FINed
+message of each durable channel is pending again, and nothing FINed or sent
+before a channel existed comes back; after a power loss the broker is exactly
+the model as it stood at the last completed sync, its leases too (the journal is
+fsynced with the logs: a lease made since is not remembered, one ended since is).
 
 A long run (``PYNSQ_MODEL_EXAMPLES=1000``, about three minutes here) found that
 a broker restarted after a kill never fsynced what the killed one had written:
@@ -159,6 +160,9 @@ class StorageModel(RuleBasedStateMachine):
         # Leases held or remembered, in the order they were made (the lease journal's).
         self.leases: dict[str, LeaseModel] = {}
         self.past_leases: list[str] = []
+        # The leases as the lease journal's fsynced part holds them: as at the last start
+        # or completed sync (after which it is cut back if none was live).
+        self.synced_leases: dict[str, LeaseModel] = {}
         # (producer id, sequence) -> what it published, while the broker must remember it.
         self.produced: dict[tuple[str, int], Produced] = {}
         self.synced_produced: dict[tuple[str, int], Produced] = {}
@@ -176,7 +180,8 @@ class StorageModel(RuleBasedStateMachine):
         self.broker = Broker(options, clock=self.clock)
         self.store = DiskStore(self.broker, options, self.files)
         self.broker.storage = self.store
-        self.broker.recover(self.store, LeaseJournal(Path(self._tmp.name) / "leases.journal"))
+        self.broker.recover(self.store, LeaseJournal(Path(self._tmp.name) / "leases.journal",
+                                                     self.files))
         self.session = self.broker.open_lease_session("planner").session_id
         # Messages waiting on disk are read ahead without waiting on the loop: from
         # the page cache at once (while ``page_cache_hot``), else by the reader thread;
@@ -613,6 +618,9 @@ class StorageModel(RuleBasedStateMachine):
             assert order == expected, f"lease {lease_id} took back {order}, not {expected}"
             attempts = lease.attempts_of(lease.order) or [m.attempts for m in lease.order]
             assert attempts == [first[i] for i in order], lease_id
+            # The journal has it again, last, with what it took back: after a restart it
+            # claims those, and a lease that held one of the others in between keeps it.
+            self.leases[lease_id].made_ids = list(order)
             event("a lease replayed")
         self.end_of_pass()
 
@@ -633,6 +641,29 @@ class StorageModel(RuleBasedStateMachine):
         self.stop()
         self.start()
         self.restarted(self.model)
+        self.replay(lease_id)
+
+    @rule(topic=st.sampled_from(LEASE_TOPICS), count=st.integers(1, 6),
+          give_back=st.booleans(), synced=st.booleans())
+    def a_batch_replayed_after_a_power_loss(self, topic: str, count: int, give_back: bool,
+                                            synced: bool) -> None:
+        """A batch is leased (and failed, or not), the data path is synced (or not), the
+        power goes, and the planner replays the batch: after a sync it reads the same rows;
+        without one the lease is not remembered (nor are its deliveries), and the replay
+        finds nothing."""
+        made = len(self.past_leases)
+        self.take_a_batch(topic, count)
+        if len(self.past_leases) == made:
+            return
+        lease_id = self.past_leases[-1]
+        if give_back:
+            self.broker.requeue_leases([lease_id])
+            self.given_back(lease_id)
+            self.end_of_pass()
+        if synced:
+            self.sync()
+        self.power_loss()
+        assert (lease_id in self.leases) == synced, lease_id
         self.replay(lease_id)
 
     def forget_unclaimed_leases(self) -> None:
@@ -829,6 +860,7 @@ class StorageModel(RuleBasedStateMachine):
         assert not self.store.failed
         self.synced = copy.deepcopy(self.model)
         self.synced_produced = copy.deepcopy(self.produced)
+        self.synced_leases = copy.deepcopy(self.leases)
 
     @rule()
     def power_loss(self) -> None:
@@ -847,7 +879,13 @@ class StorageModel(RuleBasedStateMachine):
             if name not in model and not t.ephemeral:
                 model[name] = TopicModel(ephemeral=False)
         self.produced = copy.deepcopy(self.synced_produced)
+        # The leases as the journal's last fsync left them (with the logs' last sync, or
+        # the last start): one made since is not remembered, one ended since (its FIN
+        # lost with the log's tail) is.
+        self.leases = copy.deepcopy(self.synced_leases)
         self.restarted(model)
+        if self.leases:
+            event("a lease remembered across a power loss")
         self.synced = copy.deepcopy(self.model)
         self.synced_produced = copy.deepcopy(self.produced)
 
@@ -1048,6 +1086,8 @@ class StorageModel(RuleBasedStateMachine):
         self.leases_as_restarted()
         self.forget_what_expired()
         self.check_everything_pending()
+        # The start rewrote the journal with the leases it kept, and fsynced it.
+        self.synced_leases = copy.deepcopy(self.leases)
 
     def as_restarted(self, model: dict[str, TopicModel]) -> dict[str, TopicModel]:
         """What a restart makes of ``model``: nothing ephemeral, nothing in flight, and

@@ -918,6 +918,13 @@ class DiskStore(Store):
             deleted += gone
         dirs, self._new_dirs = self._new_dirs, []
         found, self._found = self._found, []
+        # The lease journal is fsynced with the logs (by path, as files found at start
+        # are): a power loss leaves the leases as they were at the last completed sync,
+        # beside the messages they claim.
+        journal = self.broker.lease_journal
+        journal_path = journal.take_sync_work() if journal is not None else None
+        if journal_path is not None:
+            found.append(journal_path)
         # What a failed sync left goes first (its deletions after everything is synced).
         retired = self._sync_retired + retired
         deleted = self._sync_deleted + deleted
@@ -945,6 +952,8 @@ class DiskStore(Store):
         elif self.failed is not None:
             log.warning("fsync of the data path succeeded again: publishes are accepted")
             self.failed = None
+        if err is None and self.broker.lease_journal is not None:
+            self.broker.lease_journal.synced()
 
     def wait_synced(self) -> None:
         """fsync everything written so far, now (tests, and close)."""
