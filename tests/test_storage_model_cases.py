@@ -114,3 +114,28 @@ def test_a_lease_adopted_after_a_later_lease_gave_its_message_back_claims_it_aft
     assert state.broker._requeued[first].live == 3
     state.replay(first)             # all three, in their order, with their first attempts
     check(state)
+
+
+def dedupe_records_on_disk(state: StorageModel, topic: str) -> int:
+    from pathlib import Path
+
+    from broker.storage import records
+
+    return sum(record.kind == records.DEDUPE
+               for path in (Path(state._tmp.name) / "topics" / f"t-{topic}").glob("*.log")
+               for record in records.scan_file(path.read_bytes(), str(path)))
+
+
+def test_the_copies_of_a_dedupe_entry_do_not_multiply_with_crashes_inside_its_window(state):
+    # A file's live de-duplication entries are carried to the current file when it goes;
+    # a kill before its deletion leaves both copies, and each start tracked (so carried
+    # again) every copy it read: three times as many records at each crash, 2 entries
+    # became 567 copies in six. Each entry is tracked once now, in its newest file.
+    for i in range(6):
+        state.a_producer_retries_after_the_file_of_its_batch_is_gone("p", 3 + i % 2,
+                                                                    crash=True)
+        check(state)
+    state.sync()                    # what was reclaimed is deleted
+    live = len(state.produced)
+    assert live == 2
+    assert dedupe_records_on_disk(state, "c") <= 2 * live   # one copy, and one whose file goes

@@ -1169,7 +1169,15 @@ class DiskStore(Store):
                 *(self._ready_queues(topic, plain, share) if plain is not None else
                   self._queues(topic, replay.pending(channel_name), now_ns, keep, share)))
         topic.restore_held(*self._queues(topic, replay.pending(None), now_ns))
+        # An entry is carried to the current file when its file goes, and a kill before that
+        # file is deleted leaves both copies: each is tracked once, in the newest file that
+        # holds it (the older ones go first), or every start would carry each copy again
+        # and the copies would multiply with each crash inside the window.
+        newest: dict[bytes, int] = {}
         for seg, payload in replay.dedupe:
+            if newest.get(payload, -1) < seg:
+                newest[payload] = seg
+        for payload, seg in newest.items():
             self.broker.dedupe.restore(payload, topic.name)
             self._dedupe.setdefault(name, {}).setdefault(seg, []).append(payload)
         topic_log.reclaim()
