@@ -502,9 +502,12 @@ class LeaseJournal:
         # not before: a power loss that takes the FINs brings their leases back with them.
         if self._sizes and \
                 self._dead_bytes > max(self.COMPACT_MIN_BYTES, self.COMPACT_RATIO * self._live_bytes):
+            # In the order the file holds them (made, or adopted: written again, last): a
+            # later lease claims what it shares with an earlier one at the next start.
+            by_id = {lease.lease_id: lease for lease in live()}
             try:
-                self._rewrite([(lease.lease_id, self._encode_lease(lease)) for lease in live()
-                               if lease.lease_id in self._sizes])
+                self._rewrite([(lease_id, self._encode_lease(by_id[lease_id]))
+                               for lease_id in self._sizes if lease_id in by_id])
                 self._unwritten = []
                 return
             except OSError as err:

@@ -139,3 +139,25 @@ def test_the_copies_of_a_dedupe_entry_do_not_multiply_with_crashes_inside_its_wi
     live = len(state.produced)
     assert live == 2
     assert dedupe_records_on_disk(state, "c") <= 2 * live   # one copy, and one whose file goes
+
+
+def test_a_compacted_lease_journal_keeps_the_order_its_leases_were_made_in(state, monkeypatch):
+    # A compaction (here at every end of a lease) rewrote the journal with the leases held
+    # first and the remembered ones after: a remembered lease then came after a later one
+    # holding one of its messages, and claimed it at the next start, so the later lease was
+    # lost. It keeps the journal's own order now.
+    from broker.lease import LeaseJournal
+
+    monkeypatch.setattr(LeaseJournal, "COMPACT_MIN_BYTES", 0)
+    monkeypatch.setattr(LeaseJournal, "COMPACT_RATIO", 0)
+    state.a_topic_with_two_channels_and_a_backlog(count=3)
+    state.take_a_batch(count=3, topic="a")
+    state.give_back_a_batch(data=Draws(0))     # remembered, its three waiting
+    state.take_a_batch(count=1, topic="a")     # a later lease holds the first of them
+    later = state.past_leases[-1]
+    state.take_a_batch(count=1, topic="a")
+    state.commit(state.past_leases[-1])       # an end: the journal is rewritten
+    check(state)
+    state.restart(crash=True)
+    check(state)
+    assert state.broker._requeued[later].live == 1   # its message, for its replay
