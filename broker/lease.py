@@ -538,8 +538,8 @@ class LeaseJournal:
         the FINs before them, are on disk: a power loss that undoes the cut brings back
         leases whose messages are FINed, which are dropped)."""
         cut, self._cut_when_synced = self._cut_when_synced, False
-        if not cut or self._sizes:
-            return
+        if not cut or self._sizes or self._size <= records.PROLOGUE_SIZE:
+            return   # (already cut: an idle broker fsyncs nothing more)
         try:
             self._cut(records.PROLOGUE_SIZE)
             self._dead_bytes, self._unwritten = 0, []
