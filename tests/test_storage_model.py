@@ -624,20 +624,28 @@ class StorageModel(RuleBasedStateMachine):
             event("a lease replayed")
         self.end_of_pass()
 
-    @rule(topic=st.sampled_from(LEASE_TOPICS), count=st.integers(2, 6),
-          give_back=st.booleans())
-    def a_batch_replayed_after_a_crash(self, topic: str, count: int, give_back: bool) -> None:
-        """A batch is leased (and failed: given back, or not), the broker is killed, and
-        the planner replays the batch on the restarted broker: it reads the same messages."""
+    def a_batch_failed_or_not(self, topic: str, count: int, give_back: bool) -> str | None:
+        """A batch leased from ``topic`` (None if nothing was ready), given back if
+        ``give_back`` (its batch failed)."""
         made = len(self.past_leases)
         self.take_a_batch(topic, count)
         if len(self.past_leases) == made:
-            return
+            return None
         lease_id = self.past_leases[-1]
         if give_back:
             self.broker.requeue_leases([lease_id])
             self.given_back(lease_id)
             self.end_of_pass()
+        return lease_id
+
+    @rule(topic=st.sampled_from(LEASE_TOPICS), count=st.integers(2, 6),
+          give_back=st.booleans())
+    def a_batch_replayed_after_a_crash(self, topic: str, count: int, give_back: bool) -> None:
+        """A batch is leased (and failed: given back, or not), the broker is killed, and
+        the planner replays the batch on the restarted broker: it reads the same messages."""
+        lease_id = self.a_batch_failed_or_not(topic, count, give_back)
+        if lease_id is None:
+            return
         self.stop()
         self.start()
         self.restarted(self.model)
@@ -651,15 +659,9 @@ class StorageModel(RuleBasedStateMachine):
         power goes, and the planner replays the batch: after a sync it reads the same rows;
         without one the lease is not remembered (nor are its deliveries), and the replay
         finds nothing."""
-        made = len(self.past_leases)
-        self.take_a_batch(topic, count)
-        if len(self.past_leases) == made:
+        lease_id = self.a_batch_failed_or_not(topic, count, give_back)
+        if lease_id is None:
             return
-        lease_id = self.past_leases[-1]
-        if give_back:
-            self.broker.requeue_leases([lease_id])
-            self.given_back(lease_id)
-            self.end_of_pass()
         if synced:
             self.sync()
         self.power_loss()
