@@ -69,22 +69,31 @@ def descendants(root: int) -> list[int]:
 
 class Processes:
     """CPU seconds of the processes a write runs in: Spark's JVM, the Python workers it
-    started (gone ones no longer count, so a worker ended mid-write under-counts), the
-    broker and this driver."""
+    started (each by its pid: one that ends mid-write counts what it used up to the last
+    look, so it under-counts, never less than nothing), the broker and this driver."""
 
     def __init__(self, spark, broker_pid: int) -> None:
         self.jvm = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
         self.broker = broker_pid
 
-    def cpu(self) -> dict[str, float]:
-        workers = 0.0
+    def cpu(self) -> dict:
+        workers: dict[int, float] = {}
         for pid in descendants(self.jvm):
             try:
-                workers += cpu_seconds(pid)
+                workers[pid] = cpu_seconds(pid)
             except OSError:
                 continue
         return {"jvm": cpu_seconds(self.jvm), "python_workers": workers,
                 "broker": cpu_seconds(self.broker), "driver": sum(os.times()[:2])}
+
+
+def spent(before: dict, after: dict) -> dict[str, float]:
+    """CPU seconds each kind of process spent between two ``Processes.cpu`` looks: the
+    Python workers' summed over the pids seen at the second, each from its first look
+    (0 for one started since)."""
+    workers = sum(max(0.0, secs - before["python_workers"].get(pid, 0.0))
+                  for pid, secs in after["python_workers"].items())
+    return {k: workers if k == "python_workers" else after[k] - before[k] for k in before}
 
 
 def measure(processes: Processes, rows: int, write) -> dict:
@@ -93,10 +102,9 @@ def measure(processes: Processes, rows: int, write) -> dict:
     started = time.perf_counter()
     write()
     took = time.perf_counter() - started
-    after = processes.cpu()
+    used = spent(before, processes.cpu())
     return {"rows_per_s": round(rows / took),
-            "cpu_us_per_row": {k: round((after[k] - before[k]) / rows * 1e6, 2)
-                               for k in before}}
+            "cpu_us_per_row": {k: round(secs / rows * 1e6, 2) for k, secs in used.items()}}
 
 
 def bench_writer(folder, tcp: int, runfor: str, pid: int) -> dict:

@@ -293,3 +293,15 @@ def test_the_writers_rates_are_medians_and_each_ratio_the_median_of_its_rounds_r
                                                 "rounds": [1.5, 0.8, 0.5]}
     assert r["cpu_us_per_row"]["native_sink"]["broker"] == 1.5
     assert r["first_write_s"]["native_sink"] == 12.0
+
+
+def test_a_python_worker_that_ends_mid_write_makes_no_cpu_figure_negative():
+    """The Spark writer rows' CPU per row: a Python worker that ended between the two
+    looks took its CPU seconds out of the sum (a smoke run printed -45 µs a row); each
+    worker now counts from its own first look, one gone counts nothing."""
+    from benchmarks.writers import spent
+
+    before = {"jvm": 1.0, "python_workers": {10: 5.0, 11: 2.0}, "broker": 1.0, "driver": 1.0}
+    after = {"jvm": 2.0, "python_workers": {11: 2.5, 12: 0.5}, "broker": 1.5, "driver": 1.25}
+    assert spent(before, after) == {"jvm": 1.0, "python_workers": 1.0, "broker": 0.5,
+                                    "driver": 0.25}
