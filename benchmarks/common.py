@@ -17,19 +17,24 @@ def free_port() -> int:
 
 
 def start(cmd: list[str], port: int, timeout: float = 30.0) -> subprocess.Popen:
-    """Run ``cmd`` and wait until something listens on ``port``."""
+    """Run ``cmd`` and wait until something listens on ``port`` (a RuntimeError, at once,
+    if it exits first)."""
     proc = subprocess.Popen(cmd)
     try:
-        wait_listening(port, timeout)
+        wait_listening(port, timeout, proc)
     except RuntimeError:
         proc.kill()
+        proc.wait()
         raise
     return proc
 
 
-def wait_listening(port: int, timeout: float = 30.0) -> None:
+def wait_listening(port: int, timeout: float = 30.0,
+                   proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"exited with {proc.returncode} before listening on {port}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return

@@ -99,12 +99,8 @@ def run_tools(tool: Path, targets: list[str], runfor: str, topic: str,
 def measure(folder: Path, runfor: str, workers: int, tools: int, durable: bool = True) -> dict:
     """Write then read against pynsqd with ``workers`` workers (1: a single pynsqd), with
     ``tools`` bench tools at once, spread over the workers' own ports."""
-    tcp, http = free_port(), free_port()
     with tempfile.TemporaryDirectory(prefix="pynsqd-workers-bench-") as data:
-        proc, _ = start_pynsqd("--tcp-address", f"127.0.0.1:{tcp}",
-                               "--http-address", f"127.0.0.1:{http}",
-                               *(["--data-path", data] if durable else []),
-                               *(["--workers", str(workers)] if workers > 1 else []))
+        proc, tcp, http = start_broker(workers, data if durable else "")
         try:
             own = wait_for_workers(http, workers) if workers > 1 else [f"127.0.0.1:{tcp}"]
             targets = [own[i % len(own)] for i in range(tools)]
@@ -119,6 +115,25 @@ def measure(folder: Path, runfor: str, workers: int, tools: int, durable: bool =
     return {"write_msgs_per_s": round(write), "read_msgs_per_s": round(read),
             "write_cpu_us_per_msg": round(write_cpu, 2),
             "read_cpu_us_per_msg": round(read_cpu, 2)}
+
+
+def start_broker(workers: int, data: str, tries: int = 3) -> tuple:
+    """pynsqd (``--workers N`` past 1) on free loopback ports, durable in ``data`` if
+    given: (process, TCP port, HTTP port). Ports picked free here are let go until the
+    broker binds them, so another process (a test beside this run) may take one first:
+    the broker then exits, and is started again on others."""
+    for attempt in range(tries):
+        tcp, http = free_port(), free_port()
+        try:
+            proc, _ = start_pynsqd("--tcp-address", f"127.0.0.1:{tcp}",
+                                   "--http-address", f"127.0.0.1:{http}",
+                                   *(["--data-path", data] if data else []),
+                                   *(["--workers", str(workers)] if workers > 1 else []))
+            return proc, tcp, http
+        except RuntimeError:
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def write_and_read_together(folder: Path, targets: list[str], runfor: str, topic: str,
@@ -152,12 +167,8 @@ def write_and_read_together(folder: Path, targets: list[str], runfor: str, topic
 
 def together(folder: Path, runfor: str, workers: int, durable: bool) -> dict:
     """``pynsqd --workers N`` in the live shape (the module's doc)."""
-    tcp, http = free_port(), free_port()
     with tempfile.TemporaryDirectory(prefix="pynsqd-workers-bench-") as data:
-        proc, _ = start_pynsqd("--tcp-address", f"127.0.0.1:{tcp}",
-                               "--http-address", f"127.0.0.1:{http}",
-                               *(["--data-path", data] if durable else []),
-                               "--workers", str(workers))
+        proc, tcp, http = start_broker(workers, data if durable else "")
         try:
             own = wait_for_workers(http, workers)
             topic = f"workers_together_{tcp}"
