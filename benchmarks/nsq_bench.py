@@ -37,6 +37,7 @@ import struct
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 try:
     from .common import cpu_seconds, free_port, start, start_pynsqd, stop, wait_listening
@@ -123,24 +124,34 @@ def write_and_read_together(folder: Path, tcp_port: int, runfor: str, pid: int) 
     each tool's rate, and the broker's CPU per message written (each is read about once)."""
     topic = f"sub_bench_{tcp_port}"
     create_channel(tcp_port, topic)
-    cpu0 = cpu_seconds(pid)
-    procs = {tool: subprocess.Popen(
-        [str(folder / tool), "--nsqd-tcp-address", f"127.0.0.1:{tcp_port}", "--runfor", runfor,
+    return tools_together(folder, [f"127.0.0.1:{tcp_port}"], runfor, topic,
+                          lambda: cpu_seconds(pid))
+
+
+def tools_together(folder: Path, targets: list[str], runfor: str, topic: str,
+                   cpu: "Callable[[], float]", env: dict | None = None) -> dict:
+    """On each of ``targets`` a ``bench_writer`` and a ``bench_reader`` at once for
+    ``runfor`` (``env``: theirs); each tool's rate summed over the targets, and the CPU
+    ``cpu()`` counts (the brokers') per message moved."""
+    cpu0 = cpu()
+    procs = [(tool, subprocess.Popen(
+        [str(folder / tool), "--nsqd-tcp-address", target, "--runfor", runfor,
          "--size", str(SIZE), "--topic", topic,
          *(["--batch-size", str(BATCH)] if tool == "bench_writer" else [])],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for tool in ("bench_writer", "bench_reader")}
-    out = {tool: p.communicate(timeout=600)[0] for tool, p in procs.items()}
-    cpu = cpu_seconds(pid) - cpu0
-    rates, counts = {}, {}
-    for tool, text in out.items():
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+        for target in targets for tool in ("bench_writer", "bench_reader")]
+    out = [(tool, p, p.communicate(timeout=600)[0]) for tool, p in procs]
+    used = cpu() - cpu0
+    rates = {"bench_writer": 0.0, "bench_reader": 0.0}
+    counts = {"bench_writer": 0.0, "bench_reader": 0.0}
+    for tool, proc, text in out:
         found, took = OPS.findall(text), DURATION.findall(text)
-        if procs[tool].returncode or not found or not took:
+        if proc.returncode or not found or not took:
             raise RuntimeError(f"{tool} printed no rate: {text}")
-        rates[tool] = float(found[-1])
-        counts[tool] = rates[tool] * seconds(took[-1])
-    moved = max(counts["bench_writer"], counts["bench_reader"])
-    cpu_us = round(cpu / moved * 1e6, 2) if moved else 0.0
+        rates[tool] += float(found[-1])
+        counts[tool] += float(found[-1]) * seconds(took[-1])
+    moved = max(counts.values())
+    cpu_us = round(used / moved * 1e6, 2) if moved else 0.0
     return {"write_msgs_per_s": round(rates["bench_writer"]),
             "read_msgs_per_s": round(rates["bench_reader"]),
             "write_cpu_us_per_msg": cpu_us, "read_cpu_us_per_msg": cpu_us}

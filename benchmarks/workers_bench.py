@@ -37,11 +37,11 @@ from pathlib import Path
 try:
     from .common import cpu_seconds, free_port, start_pynsqd, stop, wait_listening
     from .nsq_bench import (BATCH, DURATION, OPS, SIZE, create_channel, halved, nsq_bin,
-                            run_nsqd, seconds)
+                            run_nsqd, seconds, tools_together)
 except ImportError:  # run as a script
     from common import cpu_seconds, free_port, start_pynsqd, stop, wait_listening
     from nsq_bench import (BATCH, DURATION, OPS, SIZE, create_channel, halved, nsq_bin,
-                           run_nsqd, seconds)
+                           run_nsqd, seconds, tools_together)
 
 MODEL_CORES = 16
 
@@ -129,40 +129,11 @@ def start_broker(workers: int, data: str, tries: int = 3) -> tuple:
                                    "--http-address", f"127.0.0.1:{http}",
                                    *(["--data-path", data] if data else []),
                                    *(["--workers", str(workers)] if workers > 1 else []))
-            return proc, tcp, http
         except RuntimeError:
-            if attempt == tries - 1:
-                raise
-    raise AssertionError("unreachable")
-
-
-def write_and_read_together(folder: Path, targets: list[str], runfor: str, topic: str,
-                            pids: list[int]) -> dict:
-    """On each of ``targets`` one ``bench_writer`` and one ``bench_reader`` at once (one
-    connection each); the rates summed, the brokers' CPU per message written."""
-    env = {**os.environ, "GOMAXPROCS": "1"}
-    cpu0 = broker_cpu(pids)
-    procs = [(tool, subprocess.Popen(
-        [str(folder / tool), "--nsqd-tcp-address", target, "--runfor", runfor,
-         "--size", str(SIZE), "--topic", topic,
-         *(["--batch-size", str(BATCH)] if tool == "bench_writer" else [])],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
-        for target in targets for tool in ("bench_writer", "bench_reader")]
-    outputs = [(tool, p.communicate(timeout=600)[0]) for tool, p in procs]
-    cpu = broker_cpu(pids) - cpu0
-    rates = {"bench_writer": 0.0, "bench_reader": 0.0}
-    written = 0.0
-    for tool, text in outputs:
-        found, took = OPS.findall(text), DURATION.findall(text)
-        if not found or not took:
-            raise RuntimeError(f"{tool} printed no rate: {text}")
-        rates[tool] += float(found[-1])
-        if tool == "bench_writer":
-            written += float(found[-1]) * seconds(took[-1])
-    cpu_us = round(cpu / written * 1e6, 2) if written else 0.0
-    return {"write_msgs_per_s": round(rates["bench_writer"]),
-            "read_msgs_per_s": round(rates["bench_reader"]),
-            "write_cpu_us_per_msg": cpu_us, "read_cpu_us_per_msg": cpu_us}
+            if attempt + 1 < tries:
+                continue
+            raise
+        return proc, tcp, http
 
 
 def together(folder: Path, runfor: str, workers: int, durable: bool) -> dict:
@@ -174,8 +145,9 @@ def together(folder: Path, runfor: str, workers: int, durable: bool) -> dict:
             topic = f"workers_together_{tcp}"
             for address in own:
                 create_channel(int(address.rpartition(":")[2]), topic)
-            return write_and_read_together(folder, own, runfor, topic,
-                                           [proc.pid, *children(proc.pid)])
+            pids = [proc.pid, *children(proc.pid)]
+            return tools_together(folder, own, runfor, topic, lambda: broker_cpu(pids),
+                                  {**os.environ, "GOMAXPROCS": "1"})
         finally:
             stop(proc)
 

@@ -298,8 +298,8 @@ class LeaseJournal:
     as first delivered: never bodies), written again when a replay adopts it (what it
     took back; a load keeps the last record of a lease, in the last one's place, so a
     message is claimed by the lease that held it last), and marked gone when it is FINed
-    or when none of its messages waits in its channel any more. After a restart every lease not gone is
-    remembered as if requeued: a replay adopts it and reads the same rows, and a FIN of
+    or when none of its messages waits in its channel any more. After a restart every
+    lease not gone is remembered as if requeued: a replay adopts it and reads the same rows, and a FIN of
     a batch Spark committed before the restart finds its messages. The file holds what
     is live, not history: it starts afresh once nothing is live, and is rewritten
     with what is live once what is gone outweighs it four times over, so it stays
@@ -500,8 +500,8 @@ class LeaseJournal:
         self._dead_bytes += size
         # Nothing live: the file starts afresh once a sync has covered this end (``synced``),
         # not before: a power loss that takes the FINs brings their leases back with them.
-        if self._sizes and \
-                self._dead_bytes > max(self.COMPACT_MIN_BYTES, self.COMPACT_RATIO * self._live_bytes):
+        if self._sizes and self._dead_bytes > max(self.COMPACT_MIN_BYTES,
+                                                  self.COMPACT_RATIO * self._live_bytes):
             # In the order the file holds them (made, or adopted: written again, last): a
             # later lease claims what it shares with an earlier one at the next start.
             by_id = {lease.lease_id: lease for lease in live()}

@@ -103,12 +103,13 @@ def hold_port(host: str, port: int = 0) -> socket.socket:
     """A socket bound to ``host:port`` (port 0: one the OS picks), not listening.
 
     Bound with ``SO_REUSEADDR`` alone, it fails where anything listens on the port
-    (``SO_REUSEPORT`` sharers included), and, held, it keeps the port from everyone
-    else: the OS gives it to no other bind of port 0 nor to any outgoing connection,
-    and a bind without ``SO_REUSEADDR`` is refused. A worker binds and listens on it
-    all the same (Linux lets a socket with ``SO_REUSEADDR`` share a port with others
-    that have it and do not listen; asyncio's and gRPC's listeners set it), at its
-    start and at every restart."""
+    (``SO_REUSEPORT`` sharers included), and, held, the OS gives the port to no other
+    bind of port 0 nor to any outgoing connection, and refuses a bind without
+    ``SO_REUSEADDR``. (A bind of this very port with ``SO_REUSEADDR``, by another
+    program given it, still succeeds.) A worker binds and listens on it all the same
+    (Linux lets a socket with ``SO_REUSEADDR`` share a port with others that have it
+    and do not listen; asyncio's and gRPC's listeners set it), at its start and at
+    every restart."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     s = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -120,19 +121,12 @@ def hold_port(host: str, port: int = 0) -> socket.socket:
     return s
 
 
-def reserve_port(host: str, port: int = 0) -> int:
-    """Bind ``host:port`` as ``hold_port`` does and let it go: the port is free,
-    including of other processes sharing it (port 0: one the OS picks)."""
-    with hold_port(host, port) as s:
-        return s.getsockname()[1]
-
-
 def plan_workers(options: Options) -> Plan:
     """The shared addresses (a port 0 resolved once, for every worker to share) and
     each worker's own ports, picked now and kept across its restarts. Each port is
-    held (``hold_port``) until ``Plan.release``, so no other process can take it while
-    a worker starts or restarts. A shared port something already listens on is an
-    error naming it."""
+    held (``hold_port``) until ``Plan.release``, so no other program's free-port pick or
+    connection takes it while a worker starts or restarts. A shared port something
+    already listens on is an error naming it."""
     given = {"grpc": options.grpc_address, "tcp": options.tcp_address,
              "http": options.http_address, "https": options.https_address}
     shared: dict[str, str] = {}

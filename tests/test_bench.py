@@ -61,9 +61,10 @@ def test_benchmark_prints_and_writes_the_table_with_every_row_marked(tmp_path):
                      "nsq write+read together: bench_reader pynsqd memory-only ÷ nsqd in memory",
                      "consumers: 50 on one channel (÷ nsqd)", "CPU/delivery, 50 consumers (÷ nsqd)"]
         if (cores := len(os.sched_getaffinity(0))) > 1:
+            together = f"workers x{cores}, write+read together:"
             expected += ["workers: bench_writer", "workers: bench_reader",
-                         f"workers x{cores}, write+read together: bench_writer pynsqd durable",
-                         f"workers x{cores}, write+read together: bench_reader pynsqd memory-only"]
+                         f"{together} bench_writer pynsqd durable",
+                         f"{together} bench_reader pynsqd memory-only"]
     for figure in expected:
         assert any(f.startswith(figure) for f in figures), figure
     printed_rows = printed.splitlines()

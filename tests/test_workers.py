@@ -20,13 +20,19 @@ import pytest
 
 from broker import Client
 from broker.options import Options
-from broker.workers import check_data_path, reserve_port, uses_worker_layout, worker_for
+from broker.workers import check_data_path, hold_port, uses_worker_layout, worker_for
 
 from .helpers import bin_path, free_port, wait_for
 from .nsqkit import Lookupd, http_json, nsq_binary
 
 CLIENTS = Path(__file__).parent / "clients"
 WORKER_LINE = re.compile(r"(worker-\d+) \(pid (\d+)\)")
+
+
+def reserve_port(host: str, port: int) -> None:
+    """The port is free: nothing listens on it, nor holds it (a bind as the supervisor's
+    hold makes would fail)."""
+    hold_port(host, port).close()
 
 
 class Supervisor:
